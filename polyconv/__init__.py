@@ -1,0 +1,48 @@
+"""polyconv: the convolution family with one exact meaning on every array library.
+
+Six ops with oneDNN Graph semantics: :func:`convolution`, :func:`convolution_backward_data`,
+:func:`convolution_backward_weights`, :func:`conv_transpose`,
+:func:`conv_transpose_backward_data` and :func:`conv_transpose_backward_weights`, on numpy
+arrays, JAX arrays and any array-API array. All shape, padding and layout logic is resolved
+once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`.
+"""
+
+from ._backends import Backend, available_backends, get_backend, registered_backends
+from ._geometry import AUTO_PADS, DATA_FORMATS, WEIGHTS_FORMATS, ConvPlan
+from ._ops import (
+    OPS,
+    conv_transpose,
+    conv_transpose_backprop_filters,
+    conv_transpose_backward_data,
+    conv_transpose_backward_weights,
+    convolution,
+    convolution_backprop_data,
+    convolution_backprop_filters,
+    convolution_backward_data,
+    convolution_backward_weights,
+    infer_shape,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUTO_PADS",
+    "DATA_FORMATS",
+    "OPS",
+    "WEIGHTS_FORMATS",
+    "Backend",
+    "ConvPlan",
+    "available_backends",
+    "conv_transpose",
+    "conv_transpose_backprop_filters",
+    "conv_transpose_backward_data",
+    "conv_transpose_backward_weights",
+    "convolution",
+    "convolution_backprop_data",
+    "convolution_backprop_filters",
+    "convolution_backward_data",
+    "convolution_backward_weights",
+    "get_backend",
+    "infer_shape",
+    "registered_backends",
+]

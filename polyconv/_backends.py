@@ -1,0 +1,201 @@
+"""Backend registry and dispatch.
+
+A backend is one object with a ``name`` and the three primitives of SPEC §3 (see
+:class:`Backend`). The registry is a static table of the built-in backends plus the entry-point
+group ``polyconv.backends``; a backend module is imported only when a call needs it, so
+``import polyconv`` stays light and never imports jax.
+
+Array types are recognised from ``type(x).__module__`` without importing anything, as einops
+and array-api-compat do. There is no process-global backend switch: each call picks its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Protocol, runtime_checkable
+
+from ._geometry import ConvPlan
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend implements: three primitives on resolved plans.
+
+    Every array argument is in the user's layout (``plan.channels_last`` for data, the user's
+    weights format, whose canonical order is ``plan.weights_perm``). Each primitive returns the
+    output in the user's layout and dtype ``plan.dtype``, accumulating in ``plan.acc_dtype`` with
+    one rounding at the end (bias included before that rounding). Inputs are never modified.
+    """
+
+    name: str
+
+    def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> Any:
+        """``a`` ``[N, Ca, A..]``, weights -> ``b`` ``[N, Cb, B..]`` (+ bias over Cb)."""
+
+    def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> Any:
+        """``b`` ``[N, Cb, B..]``, weights -> ``a`` ``[N, Ca, A..]`` (+ bias over Ca)."""
+
+    def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> Any:
+        """``a``, ``b`` -> weights in the user's ``weights_format``."""
+
+
+def _library(x: Any) -> str:
+    """Top-level module of an array's type: ``numpy``, ``jax``, ``torch``, ..."""
+    mod = type(x).__module__.split(".", 1)[0]
+    return "jax" if mod == "jaxlib" else mod
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A registered backend: where it lives and what it needs."""
+
+    name: str
+    module: str
+    requires: tuple[str, ...]
+    description: str
+    libraries: tuple[str, ...] = ()  # array libraries this backend is native to
+
+
+_BUILTIN: dict[str, BackendEntry] = {
+    "numpy": BackendEntry("numpy", "polyconv_numpy", ("numpy",),
+                          "direct loops over kernel taps with numpy", ("numpy",)),
+    "jax": BackendEntry("jax", "polyconv_jax", ("jax",),
+                        "lowered to jax.lax.conv_general_dilated", ("jax",)),
+    "array_api": BackendEntry("array_api", "polyconv_array_api", ("array_api_compat",),
+                              "any array-API namespace through array-api-compat"),
+}
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group="polyconv.backends")
+            if ep.name not in _BUILTIN}
+
+
+def _installed(entry: BackendEntry) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in (entry.module, *entry.requires))
+
+
+def registered_backends() -> tuple[str, ...]:
+    """Names of every backend polyconv knows, installed or not."""
+    return (*_BUILTIN, *_entry_points())
+
+
+def available_backends() -> tuple[str, ...]:
+    """Names of the backends that can run here (their packages are importable).
+
+    Examples
+    --------
+    >>> import polyconv
+    >>> "numpy" in polyconv.available_backends()
+    True
+    """
+    names = [name for name, entry in _BUILTIN.items() if _installed(entry)]
+    names.extend(_entry_points())
+    return tuple(names)
+
+
+_LOADED: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend object called ``name`` (imported on first use)."""
+    if name in _LOADED:
+        return _LOADED[name]
+    if not isinstance(name, str):
+        msg = (f"backend must be a string, one of {', '.join(map(repr, registered_backends()))}"
+               f" or None; got backend={name!r} ({type(name).__name__})")
+        raise TypeError(msg)
+    entry = _BUILTIN.get(name)
+    if entry is not None:
+        missing = [m for m in entry.requires if importlib.util.find_spec(m) is None]
+        if missing or importlib.util.find_spec(entry.module) is None:
+            extra = name.replace("_", "-")
+            msg = (f"polyconv backend {name!r} is not installed here (missing: "
+                   f"{', '.join(missing) or entry.module}); install it with "
+                   f"`pip install 'polyconv[{extra}]'`")
+            raise ImportError(msg)
+        backend = importlib.import_module(entry.module).BACKEND
+    elif name in _entry_points():
+        backend = _entry_points()[name].load()
+    else:
+        msg = (f"unknown backend {name!r}; known backends are "
+               f"{', '.join(map(repr, registered_backends()))}")
+        raise ValueError(msg)
+    _LOADED[name] = backend
+    return backend
+
+
+def infer_backend(op: str, arrays: dict[str, Any]) -> str:
+    """Pick the backend from the input arrays; mixed array libraries are a ``TypeError``."""
+    libs = {name: _library(x) for name, x in arrays.items()}
+    distinct = sorted(set(libs.values()))
+    if len(distinct) > 1:
+        described = ", ".join(f"{n}: {type(x).__module__}.{type(x).__qualname__}"
+                              for n, x in arrays.items())
+        msg = (f"{op}: all array inputs must come from one array library; got {described}. "
+               f"Convert them to one library first (or pass backend=...)")
+        raise TypeError(msg)
+    lib = distinct[0]
+    for name, entry in _BUILTIN.items():
+        if lib in entry.libraries:
+            return name
+    # Any other array library: the generic array-API backend, if the namespace is known.
+    x = next(iter(arrays.values()))
+    try:
+        import array_api_compat
+
+        array_api_compat.array_namespace(x)
+    except TypeError:
+        msg = (f"{op}: unsupported array type {type(x).__module__}.{type(x).__qualname__}; "
+               f"polyconv accepts numpy arrays, JAX arrays and arrays of any array-API "
+               f"library that array-api-compat knows")
+        raise TypeError(msg) from None
+    return "array_api"
+
+
+def dtype_name(x: Any) -> str:
+    """Library-neutral dtype name: ``float32``, ``bfloat16``, ``int64``, ..."""
+    return str(x.dtype).rsplit(".", 1)[-1]
+
+
+def check_arrays(op: str, arrays: dict[str, Any]) -> str:
+    """Every input is an array of one shared floating dtype (SPEC §5); return its name."""
+    for name, x in arrays.items():
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
+            msg = (f"{op}: {name} must be an array (numpy, JAX or array-API); got "
+                   f"{type(x).__name__}")
+            raise TypeError(msg)
+    names = {name: dtype_name(x) for name, x in arrays.items()}
+    bad = {n: d for n, d in names.items() if d not in FLOAT_DTYPES}
+    if bad:
+        got = ", ".join(f"{n}.dtype={d}" for n, d in bad.items())
+        msg = (f"{op}: inputs must be floating point ({', '.join(FLOAT_DTYPES)}); got {got}")
+        raise TypeError(msg)
+    if len(set(names.values())) > 1:
+        got = ", ".join(f"{n}.dtype={d}" for n, d in names.items())
+        msg = f"{op}: all inputs must share one floating dtype; got {got}"
+        raise TypeError(msg)
+    return next(iter(names.values()))
+
+
+def restore_type(result: Any, like: Any) -> Any:
+    """Return ``result`` in the array library of ``like`` (when a backend was forced)."""
+    if _library(result) == _library(like):
+        return result
+    if _library(like) == "numpy":
+        import numpy as np
+
+        return np.asarray(result)
+    import array_api_compat
+
+    xp = array_api_compat.array_namespace(like)
+    return xp.asarray(result)
+

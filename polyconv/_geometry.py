@@ -1,0 +1,688 @@
+"""The one place where attributes and shapes become numbers.
+
+Every public op is resolved here, from shapes alone, into a :class:`ConvPlan`: the canonical
+convolution of SPEC §3 with every pad, size and layout already fixed. Backends see only plans;
+they never see ``"same_upper"``, a weight format string or a shape they must check.
+
+Nothing in this module touches an array: it is pure Python on tuples of ints, so
+:func:`polyconv.infer_shape` and the ops share one code path and raise the same errors.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Primitive = Literal["forward", "backward_data", "backward_weights"]
+Family = Literal["convolution", "conv_transpose"]
+
+AUTO_PADS = ("none", "same_upper", "same_lower", "valid")
+_AUTO_PAD_ALIASES = {"none": "none", "explicit": "none", "notset": "none",
+                     "same_upper": "same_upper", "same_lower": "same_lower", "valid": "valid"}
+DATA_FORMATS = ("NXC", "NCX")
+WEIGHTS_FORMATS = ("XIO", "OIX", "IOX", "XOI")
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """A fully resolved call: the canonical convolution of SPEC §3 plus the user's layouts.
+
+    The canonical convolution maps a *large* tensor ``a`` ``[N, Ca, A..]`` to a *small* tensor
+    ``b`` ``[N, Cb, B..]`` with weights ``W`` ``[Cb, Ca/G, K..]``::
+
+        b[n, o, y] = sum_{i, k} a[n, g*Ca/G + i, y*s + k*d - pb] * W[o, i, k],  g = o // (Cb/G)
+
+    ``primitive`` says which of ``forward`` (a, W -> b), ``backward_data`` (b, W -> a) and
+    ``backward_weights`` (a, b -> W) the op is. Pads are resolved per axis on ``a``.
+
+    Attributes
+    ----------
+    op : str
+        The public function name, used in messages.
+    primitive : {"forward", "backward_data", "backward_weights"}
+    batch, a_channels, b_channels, groups : int
+    a_spatial, b_spatial, kernel : tuple of int
+    strides, dilations, pads_begin, pads_end : tuple of int
+        Resolved per spatial axis; ``pads_*`` apply to the large tensor ``a``.
+    output_padding : tuple of int
+        The extra rows of ``a`` past the last product (0 for the forward-direction ops):
+        ``A = s*(B-1) + ek - pb - pe + output_padding``.
+    channels_last : bool
+        ``True`` for ``NXC`` data, ``False`` for ``NCX``; ``a`` and ``b`` share it.
+    weights_perm : tuple of int
+        Axes of the user's weights in canonical order: ``transpose(weights, weights_perm)``
+        is ``W`` ``[Cb, Ca/G, K..]``. Its inverse gives the user layout back.
+    data_format, weights_format : str
+        The canonical format strings (for reports).
+    dtype : str or None
+        Name of the common floating dtype of the inputs (``None`` from :func:`infer_shape`).
+    has_bias : bool
+    precision : str or None
+        Backend precision request (JAX); ``None`` means the SPEC §5 default.
+    """
+
+    op: str
+    primitive: Primitive
+    batch: int
+    a_channels: int
+    b_channels: int
+    groups: int
+    a_spatial: tuple[int, ...]
+    b_spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    channels_last: bool
+    weights_perm: tuple[int, ...]
+    data_format: str
+    weights_format: str
+    dtype: str | None = None
+    has_bias: bool = False
+    precision: str | None = None
+
+    # --- derived numbers -------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        """Number of spatial axes."""
+        return len(self.kernel)
+
+    @property
+    def acc_dtype(self) -> str:
+        """Accumulation dtype name per SPEC §5."""
+        return "float64" if self.dtype == "float64" else "float32"
+
+    @property
+    def effective_kernel(self) -> tuple[int, ...]:
+        """``(k-1)*d + 1`` per axis."""
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+    def _data_shape(self, channels: int, spatial: tuple[int, ...]) -> tuple[int, ...]:
+        if self.channels_last:
+            return (self.batch, *spatial, channels)
+        return (self.batch, channels, *spatial)
+
+    @property
+    def a_shape(self) -> tuple[int, ...]:
+        """Shape of the large tensor in the user's data layout."""
+        return self._data_shape(self.a_channels, self.a_spatial)
+
+    @property
+    def b_shape(self) -> tuple[int, ...]:
+        """Shape of the small tensor in the user's data layout."""
+        return self._data_shape(self.b_channels, self.b_spatial)
+
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        """Canonical weights shape ``[Cb, Ca/G, K..]``."""
+        return (self.b_channels, self.a_channels // self.groups, *self.kernel)
+
+    @property
+    def weights_shape(self) -> tuple[int, ...]:
+        """Weights shape in the user's ``weights_format``."""
+        out = [0] * len(self.weights_perm)
+        for canon_axis, user_axis in enumerate(self.weights_perm):
+            out[user_axis] = self.w_shape[canon_axis]
+        return tuple(out)
+
+    @property
+    def weights_inverse_perm(self) -> tuple[int, ...]:
+        """Axes that turn canonical ``W`` back into the user's weights layout."""
+        inv = [0] * len(self.weights_perm)
+        for canon_axis, user_axis in enumerate(self.weights_perm):
+            inv[user_axis] = canon_axis
+        return tuple(inv)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the op's output, in the user's layout."""
+        if self.primitive == "forward":
+            return self.b_shape
+        if self.primitive == "backward_data":
+            return self.a_shape
+        return self.weights_shape
+
+    @property
+    def bias_channels(self) -> int:
+        """Length of the bias vector: the channels of the output tensor."""
+        return self.b_channels if self.primitive == "forward" else self.a_channels
+
+    @property
+    def channel_axis(self) -> int:
+        """Channel axis of the data tensors."""
+        return self.ndim + 1 if self.channels_last else 1
+
+    @property
+    def spatial_axes(self) -> tuple[int, ...]:
+        """Spatial axes of the data tensors."""
+        start = 1 if self.channels_last else 2
+        return tuple(range(start, start + self.ndim))
+
+    def with_(self, **changes) -> ConvPlan:
+        """A copy with some fields replaced."""
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+# --------------------------------------------------------------------------------------------
+# attribute parsing
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(values) -> str:
+    return repr(tuple(values)) if isinstance(values, (list, tuple)) else repr(values)
+
+
+def _as_int(op: str, name: str, value) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        msg = f"{op}: {name} must be an integer; got {name}={value!r} ({type(value).__name__})"
+        raise TypeError(msg)
+    return operator.index(value)
+
+
+def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
+    """An int (broadcast) or a sequence of ``ndim`` ints."""
+    if isinstance(value, (str, bytes)) or value is None:
+        msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
+               f"got {name}={value!r}")
+        raise TypeError(msg)
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return (operator.index(value),) * ndim
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
+        value = value.tolist()  # numpy array / scalar of ints
+        if not isinstance(value, list):
+            value = [value] * ndim
+    if not isinstance(value, Sequence):
+        msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
+               f"got {name}={value!r} ({type(value).__name__})")
+        raise TypeError(msg)
+    items = tuple(value)
+    for item in items:
+        if isinstance(item, bool) or not hasattr(item, "__index__"):
+            msg = (f"{op}: {name} must contain integers only; got {name}={items!r}")
+            raise TypeError(msg)
+    items = tuple(operator.index(i) for i in items)
+    if len(items) != ndim:
+        msg = (f"{op}: {name} must have one entry per spatial axis ({ndim}, from the data "
+               f"rank); got {name}={items!r} with {len(items)} entries")
+        raise ValueError(msg)
+    return items
+
+
+def _check_min(op: str, name: str, values: tuple[int, ...], lo: int) -> None:
+    if any(v < lo for v in values):
+        rule = "positive" if lo == 1 else "non-negative"
+        msg = f"{op}: {name} must be {rule} (>= {lo}) per axis; got {name}={values!r}"
+        raise ValueError(msg)
+
+
+def parse_choice(op: str, name: str, value, accepted: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        msg = (f"{op}: {name} must be a string, one of {', '.join(map(repr, accepted))}; "
+               f"got {name}={value!r} ({type(value).__name__})")
+        raise TypeError(msg)
+    canon = value.upper()
+    if canon not in accepted:
+        msg = (f"{op}: unknown {name} {value!r}; accepted values are "
+               f"{', '.join(map(repr, accepted))}")
+        raise ValueError(msg)
+    return canon
+
+
+def parse_auto_pad(op: str, value) -> str:
+    if value is None:
+        return "none"
+    if not isinstance(value, str):
+        msg = (f"{op}: auto_pad must be a string, one of {', '.join(map(repr, AUTO_PADS))}; "
+               f"got auto_pad={value!r} ({type(value).__name__})")
+        raise TypeError(msg)
+    canon = _AUTO_PAD_ALIASES.get(value.lower())
+    if canon is None:
+        msg = (f"{op}: unknown auto_pad {value!r}; accepted values are "
+               f"{', '.join(map(repr, AUTO_PADS))} (case-insensitive; 'explicit' = 'none')")
+        raise ValueError(msg)
+    return canon
+
+
+def _shape(op: str, name: str, shape) -> tuple[int, ...]:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        msg = f"{op}: {name} must be a shape (a sequence of integers); got {shape!r}"
+        raise TypeError(msg) from None
+    for dim in dims:
+        if isinstance(dim, bool) or not hasattr(dim, "__index__"):
+            msg = f"{op}: {name} must be a shape (a sequence of integers); got {shape!r}"
+            raise TypeError(msg)
+    return tuple(operator.index(d) for d in dims)
+
+
+# --------------------------------------------------------------------------------------------
+# layouts
+# --------------------------------------------------------------------------------------------
+
+
+def _split_data(op: str, name: str, shape: tuple[int, ...], channels_last: bool):
+    n = shape[0]
+    if channels_last:
+        return n, shape[-1], shape[1:-1]
+    return n, shape[1], shape[2:]
+
+
+def _weights_axes(fmt: str, ndim: int) -> dict[str, object]:
+    """Positions of O, I and the spatial axes for a weights format of rank ``ndim + 2``."""
+    axes: dict[str, object] = {}
+    pos = 0
+    for letter in fmt:
+        if letter == "X":
+            axes["X"] = tuple(range(pos, pos + ndim))
+            pos += ndim
+        else:
+            axes[letter] = pos
+            pos += 1
+    return axes
+
+
+def _weights_perm(fmt: str, ndim: int, family: Family) -> tuple[int, ...]:
+    axes = _weights_axes(fmt, ndim)
+    cb, ca = ("O", "I") if family == "convolution" else ("I", "O")
+    return (axes[cb], axes[ca], *axes["X"])
+
+
+def _weights_meaning(family: Family, fmt: str) -> str:
+    o, i = ("OC", "IC/groups") if family == "convolution" else ("OC/groups", "IC")
+    return fmt.replace("O", o + ",").replace("I", i + ",").replace("X", "K..,").rstrip(",")
+
+
+# --------------------------------------------------------------------------------------------
+# geometry formulas (SPEC §4)
+# --------------------------------------------------------------------------------------------
+
+
+def _same_total_forward(a: int, s: int, ek: int) -> int:
+    """Rule F: total pad so that ``B = ceil(A / s)``."""
+    return max((math.ceil(a / s) - 1) * s + ek - a, 0)
+
+
+def _same_total_transposed(s: int, ek: int) -> int:
+    """Rule T: total pad independent of sizes, so that ``A = s*B + output_padding``."""
+    return max(ek - s, 0)
+
+
+def _split_total(total: int, auto_pad: str) -> tuple[int, int]:
+    if auto_pad == "same_upper":
+        pb = total // 2
+        return pb, total - pb
+    pe = total // 2
+    return total - pe, pe
+
+
+def _resolve_pads(auto_pad, rule, large, strides, eks, pads_begin, pads_end):
+    """Per-axis pads. ``rule`` is ``"F"`` (needs ``large``) or ``"T"``."""
+    if auto_pad == "none":
+        return pads_begin, pads_end
+    if auto_pad == "valid":
+        zeros = (0,) * len(strides)
+        return zeros, zeros
+    pbs, pes = [], []
+    for i, (s, ek) in enumerate(zip(strides, eks)):
+        if rule == "F":
+            total = _same_total_forward(large[i], s, ek)
+        else:
+            total = _same_total_transposed(s, ek)
+        pb, pe = _split_total(total, auto_pad)
+        pbs.append(pb)
+        pes.append(pe)
+    return tuple(pbs), tuple(pes)
+
+
+def _forward_size(op, a_spatial, strides, eks, pb, pe, what: str) -> tuple[int, ...]:
+    """``B = floor((A + pb + pe - ek) / s) + 1``; an empty output is an error."""
+    out = []
+    for i, (a, s, ek, b0, e0) in enumerate(zip(a_spatial, strides, eks, pb, pe)):
+        if a + b0 + e0 < ek:
+            msg = (f"{op}: the output would be empty on spatial axis {i}: {what} size {a} + "
+                   f"pads {b0}+{e0} is smaller than the dilated kernel extent {ek} "
+                   f"((kernel-1)*dilation+1); got {what} spatial={tuple(a_spatial)}, "
+                   f"pads_begin={tuple(pb)}, pads_end={tuple(pe)}, "
+                   f"effective kernel={tuple(eks)}")
+            raise ValueError(msg)
+        out.append((a + b0 + e0 - ek) // s + 1)
+    return tuple(out)
+
+
+def _transposed_size(op, b_spatial, strides, eks, pb, pe, opad, what: str) -> tuple[int, ...]:
+    """``A = s*(B-1) + ek - pb - pe + output_padding``; ``A < 1`` is an error."""
+    out = tuple(s * (b - 1) + ek - p0 - p1 + o
+                for b, s, ek, p0, p1, o in zip(b_spatial, strides, eks, pb, pe, opad))
+    if any(a < 1 for a in out):
+        msg = (f"{op}: the {what} would be empty: s*(B-1) + ek - pads_begin - pads_end + "
+               f"output_padding = {out} (< 1) with B={tuple(b_spatial)}, strides="
+               f"{tuple(strides)}, effective kernel={tuple(eks)}, pads_begin={tuple(pb)}, "
+               f"pads_end={tuple(pe)}, output_padding={tuple(opad)}")
+        raise ValueError(msg)
+    return out
+
+
+def _implied_output_padding(a_spatial, b_spatial, strides, eks, pb, pe) -> tuple[int, ...]:
+    return tuple(a - (s * (b - 1) + ek - p0 - p1)
+                 for a, b, s, ek, p0, p1 in zip(a_spatial, b_spatial, strides, eks, pb, pe))
+
+
+# --------------------------------------------------------------------------------------------
+# the resolver
+# --------------------------------------------------------------------------------------------
+
+_FAMILY = {
+    "convolution": "convolution",
+    "convolution_backward_data": "convolution",
+    "convolution_backward_weights": "convolution",
+    "conv_transpose": "conv_transpose",
+    "conv_transpose_backward_data": "conv_transpose",
+    "conv_transpose_backward_weights": "conv_transpose",
+}
+
+# kind -> (primitive, name of the large tensor, name of the small tensor)
+_ROLES = {
+    "convolution": ("forward", "src", "dst"),
+    "convolution_backward_data": ("backward_data", "diff_src", "diff_dst"),
+    "convolution_backward_weights": ("backward_weights", "src", "diff_dst"),
+    "conv_transpose": ("backward_data", "dst", "src"),
+    "conv_transpose_backward_data": ("forward", "diff_dst", "diff_src"),
+    "conv_transpose_backward_weights": ("backward_weights", "diff_dst", "src"),
+}
+
+
+@dataclass(frozen=True)
+class Attrs:
+    """Raw keyword attributes of one call, before resolution."""
+
+    strides: object = 1
+    pads_begin: object = 0
+    pads_end: object = 0
+    dilations: object = 1
+    auto_pad: object = "none"
+    output_padding: object = 0
+    groups: object = 1
+    data_format: object = "NXC"
+    weights_format: object = "XIO"
+
+
+def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs: Attrs,
+            *, dst_shape=None, weights_shape=None) -> ConvPlan:
+    """Resolve one call of op ``kind`` (a canonical function name) into a :class:`ConvPlan`.
+
+    ``op`` is the name used in messages. ``shapes`` holds the input shapes by argument name
+    (``src``/``diff_dst``/``weights``/``bias``), ``None`` for an absent optional input.
+    """
+    family: Family = _FAMILY[kind]  # type: ignore[assignment]
+    primitive, large_name, small_name = _ROLES[kind]
+
+    # ---- string attributes ----------------------------------------------------------------
+    data_format = parse_choice(op, "data_format", attrs.data_format, DATA_FORMATS)
+    weights_format = parse_choice(op, "weights_format", attrs.weights_format, WEIGHTS_FORMATS)
+    auto_pad = parse_auto_pad(op, attrs.auto_pad)
+    channels_last = data_format == "NXC"
+
+    # ---- data shapes and the spatial rank --------------------------------------------------
+    # The data inputs of each op, in signature order.
+    data_inputs = [name for name in ("src", "diff_dst") if shapes.get(name) is not None]
+    first = data_inputs[0]
+    first_shape = _shape(op, first, shapes[first])
+    if len(first_shape) < 3:
+        msg = (f"{op}: {first} must have rank >= 3 ([N, C, X..] or [N, X.., C], at least one "
+               f"spatial axis); got {first}.shape={first_shape}")
+        raise ValueError(msg)
+    ndim = len(first_shape) - 2
+    data = {}
+    for name in data_inputs:
+        shp = _shape(op, name, shapes[name])
+        if len(shp) != ndim + 2:
+            msg = (f"{op}: {name} must have the same rank as {first} ({ndim + 2}); got "
+                   f"{first}.shape={first_shape}, {name}.shape={shp}")
+            raise ValueError(msg)
+        n, c, sp = _split_data(op, name, shp, channels_last)
+        if c < 1 or any(x < 1 for x in sp) or n < 0:
+            msg = (f"{op}: {name} must have at least one channel and a non-empty spatial "
+                   f"extent ({data_format}); got {name}.shape={shp}")
+            raise ValueError(msg)
+        data[name] = (n, c, sp, shp)
+
+    # ---- numeric attributes ----------------------------------------------------------------
+    strides = parse_ints(op, "strides", attrs.strides, ndim)
+    dilations = parse_ints(op, "dilations", attrs.dilations, ndim)
+    pads_begin = parse_ints(op, "pads_begin", attrs.pads_begin, ndim)
+    pads_end = parse_ints(op, "pads_end", attrs.pads_end, ndim)
+    output_padding = parse_ints(op, "output_padding", attrs.output_padding, ndim)
+    groups = _as_int(op, "groups", attrs.groups)
+    _check_min(op, "strides", strides, 1)
+    _check_min(op, "dilations", dilations, 1)
+    _check_min(op, "pads_begin", pads_begin, 0)
+    _check_min(op, "pads_end", pads_end, 0)
+    _check_min(op, "output_padding", output_padding, 0)
+    if groups < 1:
+        msg = f"{op}: groups must be a positive integer; got groups={groups}"
+        raise ValueError(msg)
+    if any(o >= s for o, s in zip(output_padding, strides)):
+        msg = (f"{op}: output_padding must be in [0, stride) per axis; got "
+               f"output_padding={output_padding}, strides={strides}")
+        raise ValueError(msg)
+
+    # ---- weights: given as an array, or as weights_shape -----------------------------------
+    perm = _weights_perm(weights_format, ndim, family)
+    w_role_cb, w_role_ca = ("O", "I") if family == "convolution" else ("I", "O")
+    if primitive == "backward_weights":
+        w_given = _weights_from_shape_arg(op, weights_shape, ndim, weights_format)
+    else:
+        w_given = _shape(op, "weights", shapes["weights"])
+        if len(w_given) != ndim + 2:
+            msg = (f"{op}: weights must have rank {ndim + 2} ({weights_format}, matching "
+                   f"{first}.shape={first_shape}); got weights.shape={w_given}")
+            raise ValueError(msg)
+    # w_given is a full user-layout shape, or ("spatial", K) for weights_shape=K.
+
+    # ---- channels --------------------------------------------------------------------------
+    meaning = _weights_meaning(family, weights_format)
+    if primitive == "backward_weights":
+        large_c = data[_large_input(kind)][1]
+        small_c = data[_small_input(kind)][1]
+        a_channels, b_channels = large_c, small_c
+    elif primitive == "forward":
+        a_channels = data[first][1]
+        b_channels = None
+    else:  # backward_data: only b (the small tensor) is given
+        b_channels = data[first][1]
+        a_channels = None
+
+    if w_given[0] == "spatial":
+        kernel = w_given[1]
+        if a_channels is None or b_channels is None:  # pragma: no cover - not reachable
+            raise AssertionError
+        _check_groups(op, groups, a_channels, b_channels, large_name, small_name)
+    else:
+        full = w_given
+        kernel = tuple(full[i] for i in perm[2:])
+        w_cb, w_ca = full[perm[0]], full[perm[1]]
+        if b_channels is None:
+            b_channels = w_cb
+        if a_channels is None:
+            a_channels = w_ca * groups
+        _check_groups(op, groups, a_channels, b_channels, large_name, small_name)
+        expect = {"cb": b_channels, "ca": a_channels // groups}
+        if (w_cb, w_ca) != (expect["cb"], expect["ca"]):
+            wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
+            msg = (f"{op}: {wname} does not match the data channels: {weights_format} weights "
+                   f"are [{meaning}], so with {large_name} channels={a_channels}, "
+                   f"{small_name} channels={b_channels} and groups={groups} the "
+                   f"{w_role_cb} axis must be {expect['cb']} and the {w_role_ca} axis "
+                   f"{expect['ca']}; got {wname}={full}")
+            raise ValueError(msg)
+    if any(k < 1 for k in kernel):
+        msg = f"{op}: kernel sizes must be positive; got kernel spatial sizes {kernel}"
+        raise ValueError(msg)
+    eks = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+
+    # ---- spatial sizes ---------------------------------------------------------------------
+    batch = data[first][0]
+    if primitive == "forward":
+        a_sp = data[first][2]
+        pb, pe = _resolve_pads(auto_pad, "F" if family == "convolution" else "T", a_sp,
+                               strides, eks, pads_begin, pads_end)
+        b_sp = _forward_size(op, a_sp, strides, eks, pb, pe, large_name)
+        if family == "convolution":
+            opad = (0,) * ndim
+            _no_output_padding(op, output_padding)
+        else:  # conv_transpose_backward_data: output_padding must match what diff_dst implies
+            opad = _implied_output_padding(a_sp, b_sp, strides, eks, pb, pe)
+            _consistent_output_padding(op, output_padding, opad, large_name, a_sp)
+    elif primitive == "backward_weights":
+        (n_a, _, a_sp, a_full), (n_b, _, b_sp_given, b_full) = (
+            data[_large_input(kind)], data[_small_input(kind)])
+        if n_a != n_b:
+            msg = (f"{op}: {_large_input(kind)} and {_small_input(kind)} must have the same "
+                   f"batch size; got {_large_input(kind)}.shape={a_full}, "
+                   f"{_small_input(kind)}.shape={b_full}")
+            raise ValueError(msg)
+        pb, pe = _resolve_pads(auto_pad, "F" if family == "convolution" else "T", a_sp,
+                               strides, eks, pads_begin, pads_end)
+        b_sp = _forward_size(op, a_sp, strides, eks, pb, pe, large_name)
+        if b_sp != b_sp_given:
+            msg = (f"{op}: {small_name} spatial sizes {b_sp_given} do not match the "
+                   f"{'convolution' if family == 'convolution' else 'ConvTranspose'} of "
+                   f"{large_name} spatial sizes {a_sp}, which gives {b_sp} with strides="
+                   f"{strides}, dilations={dilations}, kernel={kernel}, pads_begin={pb}, "
+                   f"pads_end={pe}")
+            raise ValueError(msg)
+        if family == "convolution":
+            opad = (0,) * ndim
+            _no_output_padding(op, output_padding)
+        else:
+            opad = _implied_output_padding(a_sp, b_sp, strides, eks, pb, pe)
+            _consistent_output_padding(op, output_padding, opad, large_name, a_sp)
+    else:  # backward_data: the large size comes from dst_shape or the transposed formula
+        b_sp = data[first][2]
+        if dst_shape is not None:
+            a_sp = _large_from_dst_shape(op, dst_shape, ndim, channels_last, batch,
+                                         a_channels, data_format)
+            pb, pe = _resolve_pads(auto_pad, "F", a_sp, strides, eks, pads_begin, pads_end)
+            _check_dst_shape(op, a_sp, b_sp, strides, eks, pb, pe, auto_pad, small_name)
+            opad = _implied_output_padding(a_sp, b_sp, strides, eks, pb, pe)
+            _consistent_output_padding(op, output_padding, opad, "dst_shape", a_sp)
+        else:
+            pb, pe = _resolve_pads(auto_pad, "T", None, strides, eks, pads_begin, pads_end)
+            a_sp = _transposed_size(op, b_sp, strides, eks, pb, pe, output_padding,
+                                    large_name)
+            opad = output_padding
+
+    # ---- bias ------------------------------------------------------------------------------
+    bias_shape = shapes.get("bias")
+    has_bias = bias_shape is not None
+    if has_bias:
+        bshape = _shape(op, "bias", bias_shape)
+        channels = b_channels if primitive == "forward" else a_channels
+        if bshape != (channels,):
+            msg = (f"{op}: bias must have shape (OC,) = ({channels},), one value per output "
+                   f"channel; got bias.shape={bshape}")
+            raise ValueError(msg)
+
+    return ConvPlan(
+        op=op, primitive=primitive, batch=batch, a_channels=a_channels,
+        b_channels=b_channels, groups=groups, a_spatial=tuple(a_sp), b_spatial=tuple(b_sp),
+        kernel=tuple(kernel), strides=strides, dilations=dilations, pads_begin=tuple(pb),
+        pads_end=tuple(pe), output_padding=tuple(opad), channels_last=channels_last,
+        weights_perm=perm, data_format=data_format, weights_format=weights_format,
+        has_bias=has_bias,
+    )
+
+
+def _large_input(kind: str) -> str:
+    return "src" if kind == "convolution_backward_weights" else "diff_dst"
+
+
+def _small_input(kind: str) -> str:
+    return "diff_dst" if kind == "convolution_backward_weights" else "src"
+
+
+def _check_groups(op, groups, a_channels, b_channels, large_name, small_name):
+    if a_channels % groups or b_channels % groups:
+        msg = (f"{op}: groups must divide both channel counts; got groups={groups}, "
+               f"{large_name} channels={a_channels}, {small_name} channels={b_channels}")
+        raise ValueError(msg)
+
+
+def _no_output_padding(op, output_padding):
+    if any(output_padding):
+        msg = (f"{op}: output_padding is not accepted by this op (it belongs to the "
+               f"transposed direction); got output_padding={output_padding}")
+        raise ValueError(msg)
+
+
+def _consistent_output_padding(op, given, implied, what, a_sp):
+    """A non-zero ``output_padding`` must equal the one the shapes imply."""
+    if any(given) and tuple(given) != tuple(implied):
+        msg = (f"{op}: output_padding={tuple(given)} contradicts the {what} spatial sizes "
+               f"{tuple(a_sp)}, which imply output_padding={tuple(implied)}")
+        raise ValueError(msg)
+
+
+def _weights_from_shape_arg(op, weights_shape, ndim, fmt):
+    if weights_shape is None:
+        msg = (f"{op}: weights_shape is required (the full {fmt} weights shape, or the "
+               f"{ndim} spatial kernel sizes)")
+        raise TypeError(msg)
+    shp = _shape(op, "weights_shape", weights_shape)
+    if len(shp) == ndim:
+        return ("spatial", shp)
+    if len(shp) == ndim + 2:
+        return shp
+    msg = (f"{op}: weights_shape must be the full weights shape ({ndim + 2} entries, "
+           f"{fmt}) or the spatial kernel sizes ({ndim} entries); got weights_shape={shp}")
+    raise ValueError(msg)
+
+
+def _large_from_dst_shape(op, dst_shape, ndim, channels_last, batch, channels, data_format):
+    shp = _shape(op, "dst_shape", dst_shape)
+    if len(shp) == ndim:
+        spatial = shp
+    elif len(shp) == ndim + 2:
+        n, c, spatial = _split_data(op, "dst_shape", shp, channels_last)
+        if n != batch or c != channels:
+            msg = (f"{op}: dst_shape {shp} ({data_format}) must have batch {batch} and "
+                   f"{channels} channels (from the inputs and groups); got batch {n}, "
+                   f"channels {c}")
+            raise ValueError(msg)
+    else:
+        msg = (f"{op}: dst_shape must be the full output shape ({ndim + 2} entries, "
+               f"{data_format}) or the spatial sizes only ({ndim} entries); got dst_shape={shp}")
+        raise ValueError(msg)
+    if any(x < 1 for x in spatial):
+        msg = f"{op}: dst_shape spatial sizes must be positive; got dst_shape={shp}"
+        raise ValueError(msg)
+    return tuple(spatial)
+
+
+def _check_dst_shape(op, a_sp, b_sp, strides, eks, pb, pe, auto_pad, small_name):
+    """``dst_shape`` must be reachable: the forward conv of it gives back ``b``."""
+    bad = []
+    for i, (a, b, s, ek, p0, p1) in enumerate(zip(a_sp, b_sp, strides, eks, pb, pe)):
+        if auto_pad in ("same_upper", "same_lower"):
+            ok = math.ceil(a / s) == b
+            lo, hi = s * (b - 1) + 1, s * b
+        else:
+            ok = a + p0 + p1 >= ek and (a + p0 + p1 - ek) // s + 1 == b
+            lo = s * (b - 1) + ek - p0 - p1
+            lo, hi = max(lo, 1), lo + s - 1
+        if not ok:
+            bad.append(f"axis {i}: {a} not in [{lo}, {hi}]")
+    if bad:
+        msg = (f"{op}: dst_shape spatial sizes {tuple(a_sp)} cannot be reached from "
+               f"{small_name} spatial sizes {tuple(b_sp)} with strides={tuple(strides)}, "
+               f"effective kernel={tuple(eks)}, pads_begin={tuple(pb)}, pads_end={tuple(pe)} "
+               f"(auto_pad={auto_pad!r}); reachable sizes: {'; '.join(bad)}")
+        raise ValueError(msg)

@@ -1,0 +1,545 @@
+"""The six public ops, their older-spec aliases, ``OPS`` and ``infer_shape``.
+
+Each op is a thin wrapper: check the arrays' types, resolve the call into a
+:class:`~polyconv.ConvPlan` (``_geometry.resolve``, shared with :func:`infer_shape`), pick the
+backend, run one of its three primitives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Union
+
+from ._backends import check_arrays, get_backend, infer_backend, restore_type
+from ._geometry import Attrs, ConvPlan, resolve
+
+IntOrSeq = Union[int, Sequence[int]]
+Array = Any
+
+_PRIMITIVE_INPUTS = {
+    # kind -> the primitive's argument roles, by op argument name, in primitive order
+    "convolution": ("src", "weights", "bias"),
+    "convolution_backward_data": ("diff_dst", "weights"),
+    "convolution_backward_weights": ("src", "diff_dst"),
+    "conv_transpose": ("src", "weights", "bias"),
+    "conv_transpose_backward_data": ("diff_dst", "weights"),
+    "conv_transpose_backward_weights": ("diff_dst", "src"),
+}
+
+
+def _alias(op: str, name: str, value, alias: str, alias_value):
+    if alias_value is None:
+        return value
+    if value is not None:
+        msg = f"{op}: pass either {name} or its alias {alias}, not both"
+        raise TypeError(msg)
+    return alias_value
+
+
+def _format(op: str, weights_format, filter_format, default: str):
+    chosen = _alias(op, "weights_format", weights_format, "filter_format", filter_format)
+    return default if chosen is None else chosen
+
+
+def _plan(kind: str, op: str, shapes: dict, *, strides, pads_begin, pads_end, dilations,
+          auto_pad, output_padding, groups, data_format, weights_format, dst_shape=None,
+          weights_shape=None) -> ConvPlan:
+    attrs = Attrs(strides=strides, pads_begin=pads_begin, pads_end=pads_end,
+                  dilations=dilations, auto_pad=auto_pad, output_padding=output_padding,
+                  groups=groups, data_format=data_format, weights_format=weights_format)
+    return resolve(kind, op, shapes, attrs, dst_shape=dst_shape, weights_shape=weights_shape)
+
+
+def _run(kind: str, op: str, arrays: dict[str, Any], backend, precision, **attrs):
+    present = {name: x for name, x in arrays.items() if x is not None}
+    dtype = check_arrays(op, present)
+    shapes = {name: tuple(x.shape) for name, x in present.items()}
+    plan = _plan(kind, op, shapes, **attrs)
+    plan = plan.with_(dtype=dtype, precision=precision)
+    impl = get_backend(backend if backend is not None else infer_backend(op, present))
+    args = [arrays[name] for name in _PRIMITIVE_INPUTS[kind]]
+    out = getattr(impl, plan.primitive)(plan, *args)
+    return restore_type(out, next(iter(present.values())))
+
+
+# --------------------------------------------------------------------------------------------
+# the six ops
+# --------------------------------------------------------------------------------------------
+
+_COMMON_DOC = """
+    strides, dilations : int or sequence of int, default 1
+        Per spatial axis (an int is broadcast).
+    pads_begin, pads_end : int or sequence of int, default 0
+        Explicit zero padding of the {large} tensor, ignored when ``auto_pad`` is not none.
+    auto_pad : {{"none", "same_upper", "same_lower", "valid"}}, default "none"
+        Case-insensitive; ``None`` and ``"explicit"`` mean ``"none"``.
+    groups : int, default 1
+    data_format : {{"NXC", "NCX"}}, default "NXC"
+    weights_format : {{"XIO", "OIX", "IOX", "XOI"}}, default "{wfmt}"
+        Axis order of the weights; see SPEC §2 for what O and I mean in this family.
+        ``filter_format`` is an alias.
+    backend : str, optional
+        ``"numpy"``, ``"jax"``, ``"array_api"``...; inferred from the inputs by default.
+    precision : optional
+        Passed to backends that have precision modes (JAX); the default is full precision.
+"""
+
+
+def convolution(src: Array, weights: Array, bias: Array | None = None, *,
+                strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0, pads_end: IntOrSeq = 0,
+                dilations: IntOrSeq = 1, auto_pad: str | None = "none", groups: int = 1,
+                data_format: str = "NXC", weights_format: str | None = None,
+                backend: str | None = None, precision: Any = None,
+                filter_format: str | None = None) -> Array:
+    """Convolution (oneDNN Graph ``Convolution``).
+
+    ``dst[n, oc, y] = bias[oc] + sum_{i, k} src[n, g*IC/G + i, y*s + k*d - pb] *
+    W[oc, i, k]``, with ``g = oc // (OC/G)``. Output spatial size
+    ``floor((X + pb + pe - ((K-1)*d + 1)) / s) + 1``.
+
+    Parameters
+    ----------
+    src : array
+        ``[N, X.., IC]`` (NXC) or ``[N, IC, X..]`` (NCX).
+    weights : array
+        ``[K.., IC/G, OC]`` for the default XIO; OIX, IOX and XOI are accepted too.
+    bias : array, optional
+        ``[OC]``.
+    {common}
+    Returns
+    -------
+    dst : array
+        Same array type and dtype as ``src``.
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> x = np.ones((1, 5, 5, 2), np.float32)
+    >>> w = np.ones((3, 3, 2, 4), np.float32)
+    >>> polyconv.convolution(x, w, auto_pad="same_upper").shape
+    (1, 5, 5, 4)
+    """
+    op = "convolution"
+    return _run(op, op, {"src": src, "weights": weights, "bias": bias}, backend, precision,
+                strides=strides, pads_begin=pads_begin, pads_end=pads_end,
+                dilations=dilations, auto_pad=auto_pad, output_padding=0, groups=groups,
+                data_format=data_format,
+                weights_format=_format(op, weights_format, filter_format, "XIO"))
+
+
+def convolution_backward_data(diff_dst: Array, weights: Array,
+                              dst_shape: Sequence[int] | None = None, *,
+                              strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0,
+                              pads_end: IntOrSeq = 0, dilations: IntOrSeq = 1,
+                              auto_pad: str | None = "none", output_padding: IntOrSeq = 0,
+                              groups: int = 1, data_format: str = "NXC",
+                              weights_format: str | None = None, backend: str | None = None,
+                              precision: Any = None, output_shape: Sequence[int] | None = None,
+                              filter_format: str | None = None,
+                              _op: str = "convolution_backward_data") -> Array:
+    """Gradient of :func:`convolution` with respect to ``src`` (``ConvolutionBackwardData``).
+
+    The exact adjoint of the convolution with the same attributes. Without ``dst_shape`` the
+    output (``diff_src``) size is ``s*(Y-1) + (K-1)*d + 1 - pb - pe + output_padding`` and
+    ``same_*`` pads use the transposed rule ``max(ek - s, 0)``; with ``dst_shape`` (alias
+    ``output_shape``; the full shape or the spatial sizes) ``same_*`` pads follow the forward
+    rule on that shape.
+
+    Parameters
+    ----------
+    diff_dst : array
+        ``[N, Y.., OC]`` (NXC) or ``[N, OC, Y..]`` (NCX).
+    weights : array
+        Convolution weights (``[K.., IC/G, OC]`` for XIO).
+    dst_shape : sequence of int, optional
+        Shape of ``diff_src``: full (``data_format`` order) or spatial only.
+    output_padding : int or sequence of int, default 0
+        Extra rows at the end of each axis, in ``[0, stride)``.
+    {common}
+    Returns
+    -------
+    diff_src : array
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> dy = np.ones((1, 3, 3, 4), np.float32)
+    >>> w = np.ones((3, 3, 2, 4), np.float32)
+    >>> polyconv.convolution_backward_data(dy, w, strides=2, output_padding=1).shape
+    (1, 8, 8, 2)
+    """
+    dst_shape = _alias(_op, "dst_shape", dst_shape, "output_shape", output_shape)
+    return _run("convolution_backward_data", _op, {"diff_dst": diff_dst, "weights": weights},
+                backend, precision, strides=strides, pads_begin=pads_begin,
+                pads_end=pads_end, dilations=dilations, auto_pad=auto_pad,
+                output_padding=output_padding, groups=groups, data_format=data_format,
+                weights_format=_format(_op, weights_format, filter_format, "XIO"),
+                dst_shape=dst_shape)
+
+
+def convolution_backward_weights(src: Array, diff_dst: Array,
+                                 weights_shape: Sequence[int] | None = None, *,
+                                 strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0,
+                                 pads_end: IntOrSeq = 0, dilations: IntOrSeq = 1,
+                                 auto_pad: str | None = "none", groups: int = 1,
+                                 data_format: str = "NXC", weights_format: str | None = None,
+                                 backend: str | None = None, precision: Any = None,
+                                 filter_shape: Sequence[int] | None = None,
+                                 filter_format: str | None = None,
+                                 _op: str = "convolution_backward_weights") -> Array:
+    """Gradient of :func:`convolution` with respect to ``weights``.
+
+    Parameters
+    ----------
+    src : array
+        The convolution's input.
+    diff_dst : array
+        Gradient of the convolution's output; its spatial sizes must be the ones the
+        convolution of ``src`` produces.
+    weights_shape : sequence of int
+        Full weights shape in ``weights_format`` order, or the spatial kernel sizes only.
+        ``filter_shape`` is an alias.
+    {common}
+    Returns
+    -------
+    diff_weights : array
+        In ``weights_format`` layout.
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> x = np.ones((2, 6, 6, 3), np.float32)
+    >>> dy = np.ones((2, 4, 4, 8), np.float32)
+    >>> polyconv.convolution_backward_weights(x, dy, (3, 3)).shape
+    (3, 3, 3, 8)
+    """
+    weights_shape = _alias(_op, "weights_shape", weights_shape, "filter_shape", filter_shape)
+    return _run("convolution_backward_weights", _op, {"src": src, "diff_dst": diff_dst},
+                backend, precision, strides=strides, pads_begin=pads_begin,
+                pads_end=pads_end, dilations=dilations, auto_pad=auto_pad, output_padding=0,
+                groups=groups, data_format=data_format,
+                weights_format=_format(_op, weights_format, filter_format, "XIO"),
+                weights_shape=weights_shape)
+
+
+def conv_transpose(src: Array, weights: Array, bias: Array | None = None, *,
+                   strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0, pads_end: IntOrSeq = 0,
+                   dilations: IntOrSeq = 1, auto_pad: str | None = "none",
+                   output_padding: IntOrSeq = 0, groups: int = 1, data_format: str = "NXC",
+                   weights_format: str | None = None,
+                   dst_shape: Sequence[int] | None = None, backend: str | None = None,
+                   precision: Any = None, output_shape: Sequence[int] | None = None,
+                   filter_format: str | None = None) -> Array:
+    """Transposed convolution (oneDNN Graph ``ConvTranspose``).
+
+    The gradient of a convolution with respect to its input, applied to ``src``, plus bias.
+    Output size ``s*(X-1) + (K-1)*d + 1 - pb - pe + output_padding``; ``same_*`` pads use
+    ``max((K-1)*d + 1 - s, 0)`` so that the output is ``s*X + output_padding``. With
+    ``dst_shape`` (alias ``output_shape``) the output size is given and ``same_*`` pads follow
+    the forward rule on it.
+
+    Parameters
+    ----------
+    src : array
+        ``[N, X.., IC]`` (NXC) or ``[N, IC, X..]`` (NCX).
+    weights : array
+        ``[K.., OC/G, IC]`` for the default XOI; ``IOX`` ``[IC, OC/G, K..]`` is PyTorch's and
+        ONNX's ConvTranspose weight. OIX and XIO are accepted too.
+    bias : array, optional
+        ``[OC]``, added to every output position.
+    output_padding : int or sequence of int, default 0
+        Extra rows at the end of each axis, in ``[0, stride)``.
+    dst_shape : sequence of int, optional
+        Output shape: full (``data_format`` order) or spatial only.
+    {common}
+    Returns
+    -------
+    dst : array
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> x = np.ones((1, 4, 4, 8), np.float32)
+    >>> w = np.ones((3, 3, 2, 8), np.float32)   # XOI: [K, K, OC/G, IC]
+    >>> polyconv.conv_transpose(x, w, strides=2, pads_begin=1, pads_end=1,
+    ...                         output_padding=1).shape
+    (1, 8, 8, 2)
+    """
+    op = "conv_transpose"
+    dst_shape = _alias(op, "dst_shape", dst_shape, "output_shape", output_shape)
+    return _run(op, op, {"src": src, "weights": weights, "bias": bias}, backend, precision,
+                strides=strides, pads_begin=pads_begin, pads_end=pads_end,
+                dilations=dilations, auto_pad=auto_pad, output_padding=output_padding,
+                groups=groups, data_format=data_format,
+                weights_format=_format(op, weights_format, filter_format, "XOI"),
+                dst_shape=dst_shape)
+
+
+def conv_transpose_backward_data(diff_dst: Array, weights: Array, *, strides: IntOrSeq = 1,
+                                 pads_begin: IntOrSeq = 0, pads_end: IntOrSeq = 0,
+                                 dilations: IntOrSeq = 1, auto_pad: str | None = "none",
+                                 output_padding: IntOrSeq = 0, groups: int = 1,
+                                 data_format: str = "NXC", weights_format: str | None = None,
+                                 backend: str | None = None, precision: Any = None,
+                                 filter_format: str | None = None) -> Array:
+    """Gradient of :func:`conv_transpose` with respect to ``src``.
+
+    A strided convolution of ``diff_dst``. ``same_*`` pads use the transposed rule, the pads of
+    the ConvTranspose being differentiated; a non-zero ``output_padding`` must be the one that
+    ``diff_dst``'s size implies.
+
+    Parameters
+    ----------
+    diff_dst : array
+        Gradient of the ConvTranspose output.
+    weights : array
+        ConvTranspose weights (``[K.., OC/G, IC]`` for XOI).
+    output_padding : int or sequence of int, default 0
+    {common}
+    Returns
+    -------
+    diff_src : array
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> dy = np.ones((1, 8, 8, 2), np.float32)
+    >>> w = np.ones((3, 3, 2, 8), np.float32)
+    >>> polyconv.conv_transpose_backward_data(dy, w, strides=2, pads_begin=1,
+    ...                                       pads_end=1, output_padding=1).shape
+    (1, 4, 4, 8)
+    """
+    op = "conv_transpose_backward_data"
+    return _run(op, op, {"diff_dst": diff_dst, "weights": weights}, backend, precision,
+                strides=strides, pads_begin=pads_begin, pads_end=pads_end,
+                dilations=dilations, auto_pad=auto_pad, output_padding=output_padding,
+                groups=groups, data_format=data_format,
+                weights_format=_format(op, weights_format, filter_format, "XOI"))
+
+
+def conv_transpose_backward_weights(src: Array, diff_dst: Array,
+                                    weights_shape: Sequence[int] | None = None, *,
+                                    strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0,
+                                    pads_end: IntOrSeq = 0, dilations: IntOrSeq = 1,
+                                    auto_pad: str | None = "none",
+                                    output_padding: IntOrSeq = 0, groups: int = 1,
+                                    data_format: str = "NXC",
+                                    weights_format: str | None = None,
+                                    backend: str | None = None, precision: Any = None,
+                                    filter_shape: Sequence[int] | None = None,
+                                    filter_format: str | None = None,
+                                    _op: str = "conv_transpose_backward_weights",
+                                    _default_format: str = "XOI") -> Array:
+    """Gradient of :func:`conv_transpose` with respect to ``weights``.
+
+    Parameters
+    ----------
+    src : array
+        The ConvTranspose's input.
+    diff_dst : array
+        Gradient of the ConvTranspose's output.
+    weights_shape : sequence of int
+        Full weights shape in ``weights_format`` order, or the spatial kernel sizes only.
+        ``filter_shape`` is an alias.
+    output_padding : int or sequence of int, default 0
+    {common}
+    Returns
+    -------
+    diff_weights : array
+        In ``weights_format`` layout.
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> x = np.ones((1, 4, 4, 8), np.float32)
+    >>> dy = np.ones((1, 8, 8, 2), np.float32)
+    >>> polyconv.conv_transpose_backward_weights(x, dy, (3, 3), strides=2, pads_begin=1,
+    ...                                          pads_end=1, output_padding=1).shape
+    (3, 3, 2, 8)
+    """
+    weights_shape = _alias(_op, "weights_shape", weights_shape, "filter_shape", filter_shape)
+    return _run("conv_transpose_backward_weights", _op, {"src": src, "diff_dst": diff_dst},
+                backend, precision, strides=strides, pads_begin=pads_begin,
+                pads_end=pads_end, dilations=dilations, auto_pad=auto_pad,
+                output_padding=output_padding, groups=groups, data_format=data_format,
+                weights_format=_format(_op, weights_format, filter_format, _default_format),
+                weights_shape=weights_shape)
+
+
+# --------------------------------------------------------------------------------------------
+# older-spec aliases
+# --------------------------------------------------------------------------------------------
+
+
+def convolution_backprop_data(diff_dst: Array, weights: Array,
+                              output_shape: Sequence[int] | None = None, **attrs) -> Array:
+    """``ConvolutionBackpropData-1``: :func:`convolution_backward_data` by its older name.
+
+    Accepts ``output_shape`` (= ``dst_shape``) and ``filter_format`` (= ``weights_format``).
+    """
+    if output_shape is not None:
+        attrs["output_shape"] = output_shape
+    return convolution_backward_data(diff_dst, weights, _op="convolution_backprop_data",
+                                      **attrs)
+
+
+def convolution_backprop_filters(src: Array, diff_dst: Array,
+                                 filter_shape: Sequence[int] | None = None, **attrs) -> Array:
+    """``ConvolutionBackpropFilters-1``: :func:`convolution_backward_weights` by its older name.
+
+    Accepts ``filter_shape`` (= ``weights_shape``) and ``filter_format``.
+    """
+    if filter_shape is not None:
+        attrs["filter_shape"] = filter_shape
+    return convolution_backward_weights(src, diff_dst, _op="convolution_backprop_filters",
+                                        **attrs)
+
+
+def conv_transpose_backprop_filters(src: Array, diff_dst: Array,
+                                    filter_shape: Sequence[int] | None = None,
+                                    **attrs) -> Array:
+    """``ConvTransposeBackpropFilters-1``: :func:`conv_transpose_backward_weights`.
+
+    Accepts ``filter_shape`` and ``filter_format``. As in the older spec, the default
+    ``filter_format`` is ``"XIO"`` (``[K.., IC, OC/G]``: I is the ConvTranspose's input
+    channels, O its output channels per group).
+    """
+    if filter_shape is not None:
+        attrs["filter_shape"] = filter_shape
+    return conv_transpose_backward_weights(src, diff_dst, _op="conv_transpose_backprop_filters",
+                                           _default_format="XIO", **attrs)
+
+
+for _f, _large, _wfmt in (
+    (convolution, "src", "XIO"), (convolution_backward_data, "diff_src", "XIO"),
+    (convolution_backward_weights, "src", "XIO"), (conv_transpose, "dst", "XOI"),
+    (conv_transpose_backward_data, "diff_dst", "XOI"),
+    (conv_transpose_backward_weights, "diff_dst", "XOI"),
+):
+    _f.__doc__ = _f.__doc__.replace(
+        "{common}", _COMMON_DOC.format(large=_large, wfmt=_wfmt).strip() + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# OPS and infer_shape
+# --------------------------------------------------------------------------------------------
+
+OPS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType({
+    "Convolution": convolution,
+    "ConvolutionBackwardData": convolution_backward_data,
+    "ConvolutionBackwardWeights": convolution_backward_weights,
+    "ConvTranspose": conv_transpose,
+    "ConvTransposeBackwardData": conv_transpose_backward_data,
+    "ConvTransposeBackwardWeights": conv_transpose_backward_weights,
+    "ConvolutionBackpropData": convolution_backprop_data,
+    "ConvolutionBackpropData-1": convolution_backprop_data,
+    "ConvolutionBackpropFilters": convolution_backprop_filters,
+    "ConvolutionBackpropFilters-1": convolution_backprop_filters,
+    "ConvTransposeBackpropFilters": conv_transpose_backprop_filters,
+    "ConvTransposeBackpropFilters-1": conv_transpose_backprop_filters,
+})
+"""Every op name (oneDNN Graph names and older-spec names, with and without ``-1``) -> function."""
+
+# function name -> (kind, positional shape arguments, default weights_format)
+_SHAPE_SIGNATURES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "convolution": ("convolution", ("src", "weights", "bias"), "XIO"),
+    "convolution_backward_data": ("convolution_backward_data",
+                                  ("diff_dst", "weights", "dst_shape"), "XIO"),
+    "convolution_backprop_data": ("convolution_backward_data",
+                                  ("diff_dst", "weights", "dst_shape"), "XIO"),
+    "convolution_backward_weights": ("convolution_backward_weights",
+                                     ("src", "diff_dst", "weights_shape"), "XIO"),
+    "convolution_backprop_filters": ("convolution_backward_weights",
+                                     ("src", "diff_dst", "weights_shape"), "XIO"),
+    "conv_transpose": ("conv_transpose", ("src", "weights", "bias"), "XOI"),
+    "conv_transpose_backward_data": ("conv_transpose_backward_data",
+                                     ("diff_dst", "weights"), "XOI"),
+    "conv_transpose_backward_weights": ("conv_transpose_backward_weights",
+                                        ("src", "diff_dst", "weights_shape"), "XOI"),
+    "conv_transpose_backprop_filters": ("conv_transpose_backward_weights",
+                                        ("src", "diff_dst", "weights_shape"), "XIO"),
+}
+
+_COMMON_KEYWORDS = frozenset({"strides", "pads_begin", "pads_end", "dilations", "auto_pad",
+                              "groups", "data_format", "weights_format", "filter_format",
+                              "backend", "precision"})
+_KIND_KEYWORDS = {
+    "convolution": frozenset(),
+    "convolution_backward_data": frozenset({"output_padding", "dst_shape", "output_shape"}),
+    "convolution_backward_weights": frozenset({"weights_shape", "filter_shape"}),
+    "conv_transpose": frozenset({"output_padding", "dst_shape", "output_shape"}),
+    "conv_transpose_backward_data": frozenset({"output_padding"}),
+    "conv_transpose_backward_weights": frozenset({"output_padding", "weights_shape",
+                                                  "filter_shape"}),
+}
+_ATTR_DEFAULTS = {"strides": 1, "pads_begin": 0, "pads_end": 0, "dilations": 1,
+                  "auto_pad": "none", "output_padding": 0, "groups": 1, "data_format": "NXC"}
+
+
+def infer_shape(op: str | Callable[..., Any], *input_shapes: Sequence[int] | None,
+                **attrs: Any) -> ConvPlan:
+    """Shape inference with no arrays: the output shape and the resolved pads of a call.
+
+    Parameters
+    ----------
+    op : str or callable
+        A name from :data:`OPS` (``"ConvTranspose"``, ``"ConvolutionBackpropData-1"``...), a
+        polyconv function name (``"conv_transpose"``) or the function itself.
+    *input_shapes : sequence of int
+        The shapes of the op's positional inputs, in order (``None`` for an absent optional
+        one): ``(src, weights[, bias])`` for Convolution and ConvTranspose,
+        ``(diff_dst, weights[, dst_shape])`` for the data gradients and
+        ``(src, diff_dst, weights_shape)`` for the weights gradients.
+    **attrs
+        The op's keyword attributes (``strides``, ``auto_pad``, ``dst_shape``...).
+
+    Returns
+    -------
+    ConvPlan
+        ``.shape`` is the output shape, ``.pads_begin``/``.pads_end`` the resolved pads; the
+        rest describes the canonical convolution. Errors are those the op itself raises.
+
+    Examples
+    --------
+    >>> import polyconv
+    >>> r = polyconv.infer_shape("ConvTranspose", (8, 32, 32, 64), (3, 3, 64, 64),
+    ...                          strides=2, auto_pad="same_upper", output_padding=1)
+    >>> r.shape, r.pads_begin, r.pads_end
+    ((8, 65, 65, 64), (0, 0), (1, 1))
+    """
+    fn = OPS.get(op, globals().get(op)) if isinstance(op, str) else op
+    name = getattr(fn, "__name__", None)
+    if name not in _SHAPE_SIGNATURES or globals().get(name) is not fn:
+        msg = (f"infer_shape: unknown op {op!r}; known ops are "
+               f"{', '.join(map(repr, OPS))} (or the polyconv function names)")
+        raise ValueError(msg)
+    kind, positional, default_format = _SHAPE_SIGNATURES[name]
+    if len(input_shapes) > len(positional):
+        msg = (f"{name}() takes at most {len(positional)} positional inputs "
+               f"({', '.join(positional)}); got {len(input_shapes)}")
+        raise TypeError(msg)
+    allowed = _COMMON_KEYWORDS | _KIND_KEYWORDS[kind]
+    for key in attrs:
+        if key not in allowed:
+            msg = f"{name}() got an unexpected keyword argument {key!r}"
+            raise TypeError(msg)
+    shapes = dict(zip(positional, input_shapes))
+    for key, alias in (("dst_shape", "output_shape"), ("weights_shape", "filter_shape")):
+        value = shapes.pop(key, None)
+        if value is not None and attrs.get(key) is not None:
+            msg = f"{name}() got multiple values for argument {key!r}"
+            raise TypeError(msg)
+        value = _alias(name, key, attrs.pop(key, value), alias, attrs.pop(alias, None))
+        if value is not None:
+            attrs[key] = value
+    attrs["weights_format"] = _format(name, attrs.get("weights_format"),
+                                      attrs.pop("filter_format", None), default_format)
+    attrs.pop("backend", None)
+    attrs.pop("precision", None)
+    present = {k: v for k, v in shapes.items() if v is not None}
+    for required in positional:
+        if required not in ("bias", "dst_shape", "weights_shape") and required not in present:
+            msg = f"{name}() missing the shape of required input {required!r}"
+            raise TypeError(msg)
+    return _plan(kind, name, present, **{**_ATTR_DEFAULTS, **attrs})
