@@ -105,20 +105,20 @@ def available_backends() -> tuple[str, ...]:
 _LOADED: dict[str, Backend] = {}
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, op: str = "polyconv") -> Backend:
     """The backend object called ``name`` (imported on first use)."""
-    if name in _LOADED:
+    if isinstance(name, str) and name in _LOADED:
         return _LOADED[name]
     if not isinstance(name, str):
-        msg = (f"backend must be a string, one of {', '.join(map(repr, registered_backends()))}"
-               f" or None; got backend={name!r} ({type(name).__name__})")
+        known = ", ".join(map(repr, registered_backends()))
+        msg = (f"{op}: backend must be a string, one of {known} or None; got backend={name!r} ({type(name).__name__})")
         raise TypeError(msg)
     entry = _BUILTIN.get(name)
     if entry is not None:
         missing = [m for m in entry.requires if importlib.util.find_spec(m) is None]
         if missing or importlib.util.find_spec(entry.module) is None:
             extra = name.replace("_", "-")
-            msg = (f"polyconv backend {name!r} is not installed here (missing: "
+            msg = (f"{op}: polyconv backend {name!r} is not installed here (missing: "
                    f"{', '.join(missing) or entry.module}); install it with "
                    f"`pip install 'polyconv[{extra}]'`")
             raise ImportError(msg)
@@ -126,7 +126,7 @@ def get_backend(name: str) -> Backend:
     elif name in _entry_points():
         backend = _entry_points()[name].load()
     else:
-        msg = (f"unknown backend {name!r}; known backends are "
+        msg = (f"{op}: unknown backend {name!r}; known backends are "
                f"{', '.join(map(repr, registered_backends()))}")
         raise ValueError(msg)
     _LOADED[name] = backend

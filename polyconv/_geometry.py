@@ -295,9 +295,13 @@ def _weights_perm(fmt: str, ndim: int, family: Family) -> tuple[int, ...]:
     return (axes[cb], axes[ca], *axes["X"])
 
 
+_AXIS_MEANING = {"convolution": {"O": "OC", "I": "IC/groups"},
+                 "conv_transpose": {"O": "OC/groups", "I": "IC"}}
+
+
 def _weights_meaning(family: Family, fmt: str) -> str:
-    o, i = ("OC", "IC/groups") if family == "convolution" else ("OC/groups", "IC")
-    return fmt.replace("O", o + ",").replace("I", i + ",").replace("X", "K..,").rstrip(",")
+    names = {**_AXIS_MEANING[family], "X": "K.."}
+    return ", ".join(names[letter] for letter in fmt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,14 +518,20 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
         if a_channels is None:
             a_channels = w_ca * groups
         _check_groups(op, groups, a_channels, b_channels, large_name, small_name)
-        expect = {"cb": b_channels, "ca": a_channels // groups}
-        if (w_cb, w_ca) != (expect["cb"], expect["ca"]):
-            wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
-            msg = (f"{op}: {wname} does not match the data channels: {weights_format} weights "
-                   f"are [{meaning}], so with {large_name} channels={a_channels}, "
-                   f"{small_name} channels={b_channels} and groups={groups} the "
-                   f"{w_role_cb} axis must be {expect['cb']} and the {w_role_ca} axis "
-                   f"{expect['ca']}; got {wname}={full}")
+        wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
+        if family == "convolution":
+            ic, oc = a_channels, b_channels
+        else:
+            ic, oc = b_channels, a_channels
+        wrong = [f"the {role} axis ({what}) must be {want}, got {got}"
+                 for role, what, want, got in (
+                     (w_role_cb, _AXIS_MEANING[family][w_role_cb], b_channels, w_cb),
+                     (w_role_ca, _AXIS_MEANING[family][w_role_ca], a_channels // groups, w_ca))
+                 if want != got]
+        if wrong:
+            msg = (f"{op}: {wname}={full} does not match the data channels: {weights_format} "
+                   f"weights are [{meaning}] and here IC={ic}, OC={oc}, groups={groups}, so "
+                   f"{'; '.join(wrong)}")
             raise ValueError(msg)
     if any(k < 1 for k in kernel):
         msg = f"{op}: kernel sizes must be positive; got kernel spatial sizes {kernel}"

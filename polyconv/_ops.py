@@ -7,14 +7,14 @@ backend, run one of its three primitives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Union
+from typing import Any
 
 from ._backends import check_arrays, get_backend, infer_backend, restore_type
 from ._geometry import Attrs, ConvPlan, resolve
 
-IntOrSeq = Union[int, Sequence[int]]
+IntOrSeq = int | Sequence[int]
 Array = Any
 
 _PRIMITIVE_INPUTS = {
@@ -57,7 +57,7 @@ def _run(kind: str, op: str, arrays: dict[str, Any], backend, precision, **attrs
     shapes = {name: tuple(x.shape) for name, x in present.items()}
     plan = _plan(kind, op, shapes, **attrs)
     plan = plan.with_(dtype=dtype, precision=precision)
-    impl = get_backend(backend if backend is not None else infer_backend(op, present))
+    impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
     args = [arrays[name] for name in _PRIMITIVE_INPUTS[kind]]
     out = getattr(impl, plan.primitive)(plan, *args)
     return restore_type(out, next(iter(present.values())))
