@@ -111,7 +111,8 @@ def get_backend(name: str, op: str = "polyconv") -> Backend:
         return _LOADED[name]
     if not isinstance(name, str):
         known = ", ".join(map(repr, registered_backends()))
-        msg = (f"{op}: backend must be a string, one of {known} or None; got backend={name!r} ({type(name).__name__})")
+        msg = (f"{op}: backend must be a string, one of {known} or None; "
+               f"got backend={name!r} ({type(name).__name__})")
         raise TypeError(msg)
     entry = _BUILTIN.get(name)
     if entry is not None:
