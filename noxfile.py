@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests-numpy", "tests-jax", "tests-array_api"]
+nox.options.sessions = ["lint", "tests-numpy", "tests-jax", "tests-array_api", "docs",
+                         "examples"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
@@ -41,6 +42,48 @@ def tests_array_api(session: nox.Session) -> None:
     """The generic array-API backend on array-api-strict, numpy and jax.numpy arrays."""
     session.install(".[jax,array-api]", *TEST_DEPS)
     _pytest(session, "numpy,array_api-strict,array_api-numpy,array_api-jax")
+
+
+# CPU-only PyTorch, never the CUDA build: the exact local version "+cpu" exists only on
+# PyTorch's CPU index (and in local wheel caches), so no resolver can substitute the CUDA wheel
+# and its nvidia-* dependencies. macOS wheels are CPU-only and carry no local version.
+TORCH_VERSION = "2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+@nox.session(name="tests-torch")
+def tests_torch(session: nox.Session) -> None:
+    """The generic array-API backend on torch.Tensor inputs (CPU torch; skipped visibly when
+    torch cannot be installed here)."""
+    session.install(".[array-api]", *TEST_DEPS)
+    import sys
+
+    from nox.command import CommandFailed
+
+    spec = f"torch=={TORCH_VERSION}" + ("" if sys.platform == "darwin" else "+cpu")
+    try:
+        session.install(spec, "--extra-index-url", TORCH_CPU_INDEX)
+    except CommandFailed as exc:
+        session.skip(f"torch is not installable here: `pip install {spec}` failed ({exc})")
+    _pytest(session, "numpy,array_api-torch")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation, with warnings as errors (figures and CLI help are generated)."""
+    session.install(".[jax]", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html",
+                *session.posargs)
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """Every script in examples/, each in its own process, as a user would run it."""
+    session.install(".[jax]")
+    import pathlib
+
+    for script in sorted(pathlib.Path("examples").glob("*.py")):
+        session.run("python", str(script))
 
 
 @nox.session

@@ -4,7 +4,8 @@ Six ops with oneDNN Graph semantics: :func:`convolution`, :func:`convolution_bac
 :func:`convolution_backward_weights`, :func:`conv_transpose`,
 :func:`conv_transpose_backward_data` and :func:`conv_transpose_backward_weights`, on numpy
 arrays, JAX arrays and any array-API array. All shape, padding and layout logic is resolved
-once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`.
+once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`. :func:`compare` runs one op
+on every backend against a float64 reference.
 """
 
 from ._backends import Backend, available_backends, get_backend, registered_backends
@@ -31,8 +32,11 @@ __all__ = [
     "OPS",
     "WEIGHTS_FORMATS",
     "Backend",
+    "BackendResult",
+    "Comparison",
     "ConvPlan",
     "available_backends",
+    "compare",
     "conv_transpose",
     "conv_transpose_backprop_filters",
     "conv_transpose_backward_data",
@@ -46,3 +50,21 @@ __all__ = [
     "infer_shape",
     "registered_backends",
 ]
+
+# compare() needs numpy; load it on first use so that ``import polyconv`` stays light.
+_LAZY = {"compare": "_compare", "Comparison": "_compare", "BackendResult": "_compare"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

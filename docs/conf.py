@@ -1,0 +1,80 @@
+"""Sphinx configuration: MyST pages, numpydoc docstrings, pydata theme.
+
+Before each build this file regenerates, under ``_generated/`` (not in git):
+the semantics figures (``_scripts/figures.py``, drawn from polyconv's own geometry) and the
+``polyconv`` command's help texts (from its argparse parser), so neither can drift from the
+code. Build with ``sphinx-build -W --keep-going -b html docs docs/_build/html``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+for path in (ROOT / "backends", ROOT, DOCS / "_scripts"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import polyconv  # noqa: E402
+
+project = "polyconv"
+author = "the polyconv developers"
+copyright = "the polyconv developers"
+version = release = polyconv.__version__
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.mathjax",
+    "numpydoc",
+]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build", "_scripts", "Thumbs.db", ".DS_Store"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
+myst_heading_anchors = 3
+
+autosummary_generate = True
+autodoc_typehints = "none"  # numpydoc sections carry the types
+autodoc_default_options = {"members": False}
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_attributes_as_param_list = True
+numpydoc_validation_checks: set[str] = set()
+
+html_theme = "pydata_sphinx_theme"
+html_title = f"polyconv {release}"
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+}
+html_static_path: list[str] = []
+
+
+def _generate(app) -> None:
+    """Figures and CLI help texts, regenerated on every build."""
+    import os
+
+    import figures
+
+    from polyconv._cli import build_parser
+
+    os.environ["COLUMNS"] = "90"  # argparse wraps help to the terminal width
+
+    out = DOCS / "_generated"
+    figures.main(out)
+    parser = build_parser()
+    helps = {"polyconv": parser.format_help()}
+    for action in parser._subparsers._group_actions:  # the subcommands, in order
+        for name, sub in action.choices.items():
+            helps[f"polyconv-{name}"] = sub.format_help()
+    for name, text in helps.items():
+        target = out / f"{name}.txt"
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+
+def setup(app):
+    app.connect("builder-inited", _generate)

@@ -1,0 +1,487 @@
+"""Cross-backend comparison: one op, every backend, one float64 reference, the SPEC §5 bound.
+
+:func:`compare` runs one op on several backends with the same (numpy) inputs and checks every
+output element against a float64 evaluation of the same op on the same input values::
+
+    |y - y_exact| <= eps(out_dtype) * |y_exact| + n * eps(acc_dtype) * sum|a*w|
+
+``y_exact`` is the numpy backend in float64 on float64 copies of the inputs (whose own error is
+about ``n * 2**-53 * sum|a*w|``, far below the bound of any dtype under test). ``sum|a*w|`` is
+the same op in float64 on ``|inputs|`` (bias as ``|bias|``), and ``n`` the same op on all-ones
+inputs: for each output element, the number of terms of its sum (products, plus one for bias),
+an upper bound of the number of roundings the accumulation may make.
+
+The module imports no array library other than numpy; a backend's library is imported only
+when that backend runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._backends import check_arrays, dtype_name, get_backend
+from ._ops import _SHAPE_SIGNATURES, OPS, infer_shape
+
+__all__ = ["BackendResult", "Comparison", "compare"]
+
+_SHAPE_ROLES = frozenset({"dst_shape", "weights_shape"})
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackendResult:
+    """How one backend did on one :func:`compare` call.
+
+    Attributes
+    ----------
+    backend : str
+        The polyconv backend name.
+    library : str
+        The array library its inputs were given in (``"numpy"``, ``"jax.numpy"``,
+        ``"array_api_strict"``...).
+    shape : tuple of int or None
+        Shape of its output (``None`` if it raised).
+    dtype : str or None
+        dtype name of its output.
+    max_abs_error : float
+        ``max |y - y_exact|`` over the output (``nan`` if it raised).
+    max_ratio : float
+        ``max |y - y_exact| / bound`` over the output: at most 1 means within SPEC §5.
+        ``inf`` where an element differs but its bound is 0, or where NaN/Inf disagree.
+    ok : bool
+        Right shape, right dtype and ``max_ratio <= 1``.
+    seconds : float
+        Wall time of the call, including the transfer of the result to numpy (so that
+        asynchronous backends have finished). The first call of a JAX shape includes its
+        compilation.
+    error : str or None
+        ``"ExceptionType: message"`` if the backend raised.
+    note : str or None
+        What was wrong besides the values (a wrong output shape or dtype).
+    """
+
+    backend: str
+    library: str
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    max_abs_error: float
+    max_ratio: float
+    ok: bool
+    seconds: float
+    error: str | None = None
+    note: str | None = None
+
+    @property
+    def status(self) -> str:
+        """``"ok"``, ``"FAIL"`` (outside the bound, wrong shape or dtype) or ``"ERROR"``."""
+        if self.error is not None:
+            return "ERROR"
+        return "ok" if self.ok else "FAIL"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (non-finite floats become strings)."""
+        out = asdict(self)
+        out["shape"] = None if self.shape is None else list(self.shape)
+        out["status"] = self.status
+        for key in ("max_abs_error", "max_ratio"):
+            out[key] = _json_float(out[key])
+        return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of :func:`compare`: one op, one input set, one row per backend.
+
+    ``str(comparison)`` is a table; ``comparison.ok`` is ``True`` when every backend met the
+    bound; ``comparison.to_dict()`` is the same data for JSON.
+
+    Attributes
+    ----------
+    op : str
+        The polyconv function name (``"conv_transpose"``...).
+    dtype : str
+        The inputs' dtype.
+    shape : tuple of int
+        The output shape every backend must produce (from :func:`~polyconv.infer_shape`).
+    pads_begin, pads_end : tuple of int
+        The resolved pads.
+    input_shapes : dict
+        Shape of each positional input, by argument name.
+    attrs : dict
+        The keyword attributes of the call.
+    results : tuple of BackendResult
+    label : str
+        A free-form name of the case (used by the ``polyconv compare`` suite).
+    """
+
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    input_shapes: dict[str, tuple[int, ...] | None]
+    attrs: dict[str, Any]
+    results: tuple[BackendResult, ...]
+    label: str = ""
+    reference_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """``True`` when at least one backend ran and every backend met the bound."""
+        return bool(self.results) and all(r.ok for r in self.results)
+
+    @property
+    def worst(self) -> BackendResult | None:
+        """The result with the largest error/bound ratio (errors first)."""
+        if not self.results:
+            return None
+        return max(self.results, key=lambda r: (not r.ok, _sort_key(r.max_ratio)))
+
+    def describe(self) -> str:
+        """One line: op, inputs, attributes and the output shape."""
+        shapes = ", ".join(f"{k}={_shape_str(v)}" for k, v in self.input_shapes.items()
+                           if v is not None)
+        attrs = ", ".join(f"{k}={_attr_str(v)}" for k, v in self.attrs.items())
+        head = f"{self.label}: " if self.label else ""
+        return (f"{head}{self.op}({shapes}{', ' if attrs else ''}{attrs}) {self.dtype} -> "
+                f"{_shape_str(self.shape)}, pads_begin={_shape_str(self.pads_begin)}, "
+                f"pads_end={_shape_str(self.pads_end)}")
+
+    def __str__(self) -> str:
+        header = ("backend", "arrays", "shape", "dtype", "max abs err", "err/bound", "time",
+                  "status")
+        rows = []
+        for r in self.results:
+            ratio = "-" if r.error else _num(r.max_ratio)
+            rows.append((r.backend, r.library, _shape_str(r.shape), r.dtype or "-",
+                         _num(r.max_abs_error), ratio, f"{r.seconds * 1e3:.1f} ms", r.status))
+        lines = [self.describe(), *format_table(header, rows)]
+        lines.extend(f"  {r.backend}: {r.error or r.note}" for r in self.results
+                     if r.error or r.note)
+        verdict = ("all backends within the SPEC §5 bound" if self.ok
+                   else "FAILED: " + ", ".join(r.backend for r in self.results if not r.ok)
+                   if self.results else "no backend ran")
+        lines.append(verdict)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict."""
+        return {
+            "label": self.label,
+            "op": self.op,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "pads_begin": list(self.pads_begin),
+            "pads_end": list(self.pads_end),
+            "input_shapes": {k: None if v is None else list(v)
+                             for k, v in self.input_shapes.items()},
+            "attrs": {k: _jsonable(v) for k, v in self.attrs.items()},
+            "ok": self.ok,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_op(op: str | Callable[..., Any]) -> tuple[str, tuple[str, ...]]:
+    """The polyconv function name of ``op`` and its positional input names."""
+    if isinstance(op, str):
+        fn = OPS.get(op)
+        name = fn.__name__ if fn is not None else op
+    else:
+        name = getattr(op, "__name__", None)
+    if name not in _SHAPE_SIGNATURES:
+        msg = (f"unknown op {op!r}; known ops are {', '.join(map(repr, OPS))} "
+               f"(or the polyconv function names)")
+        raise ValueError(msg)
+    return name, _SHAPE_SIGNATURES[name][1]
+
+
+def _function(name: str) -> Callable[..., Any]:
+    from . import _ops
+
+    return getattr(_ops, name)
+
+
+def compare(op: str | Callable[..., Any], *inputs: Any,
+            backends: str | Sequence[str] | None = None, label: str = "",
+            **attrs: Any) -> Comparison:
+    """Run one op on several backends and check each against a float64 reference.
+
+    Parameters
+    ----------
+    op : str or callable
+        A name from :data:`~polyconv.OPS` (``"ConvTranspose"``...), a polyconv function name
+        (``"conv_transpose"``) or the function itself.
+    *inputs : numpy array, shape or None
+        The op's positional inputs, as for the op itself: numpy arrays of one floating dtype
+        (``float32``, ``float16``, ``ml_dtypes.bfloat16``, ``float64``), ``None`` for an absent
+        bias, and a tuple for ``dst_shape`` / ``weights_shape``. Each backend gets them in its
+        own array library: ``jax.numpy`` for ``"jax"``; ``array_api_strict`` (when installed,
+        for float32/float64) or numpy for ``"array_api"``; numpy for the others.
+    backends : str or sequence of str, optional
+        Backend names (a comma-separated string is accepted). Default: every available backend.
+    label : str, optional
+        A name for this case, shown in the report.
+    **attrs
+        The op's keyword attributes (``strides``, ``auto_pad``, ``precision``...).
+
+    Returns
+    -------
+    Comparison
+        Prints as a table; ``.ok`` is ``True`` when every backend met the SPEC §5 bound;
+        ``.to_dict()`` for JSON.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For an invalid call (the op's own messages), an unknown backend, or a requested
+        backend that is not installed. A backend that raises *while running* does not raise
+        here: it is reported as an ``ERROR`` row.
+
+    Examples
+    --------
+    >>> import numpy as np, polyconv
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.standard_normal((1, 5, 5, 4)).astype(np.float32)
+    >>> w = rng.standard_normal((3, 3, 2, 4)).astype(np.float32)   # XOI: [K, K, OC/G, IC]
+    >>> report = polyconv.compare("ConvTranspose", x, w, strides=2, auto_pad="same_upper",
+    ...                           backends=["numpy"])
+    >>> report.ok, report.shape
+    (True, (1, 10, 10, 2))
+    """
+    name, positional = resolve_op(op)
+    fn = _function(name)
+    if "backend" in attrs:
+        msg = "compare: pass backends=[...], not backend="
+        raise TypeError(msg)
+    if len(inputs) > len(positional):
+        msg = (f"{name}() takes at most {len(positional)} positional inputs "
+               f"({', '.join(positional)}); got {len(inputs)}")
+        raise TypeError(msg)
+    names = _backend_names(backends)
+
+    # ---- inputs: numpy arrays by role; shapes and None pass through ------------------------
+    given = dict(zip(positional, inputs))
+    arrays: dict[str, np.ndarray] = {}
+    for role, x in given.items():
+        if role in _SHAPE_ROLES or x is None:
+            continue
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            msg = f"{name}: {role} must be an array; got {type(x).__name__}"
+            raise TypeError(msg)
+        arrays[role] = np.asarray(x)
+    if not arrays:
+        msg = f"{name}: no input arrays given (expected {', '.join(positional)})"
+        raise TypeError(msg)
+    dtype = check_arrays(name, arrays)
+
+    def call_args(convert: Callable[[np.ndarray], Any]) -> list[Any]:
+        """The op's positional arguments with every array passed through ``convert``."""
+        return trim([convert(arrays[r]) if r in arrays else given.get(r) for r in positional])
+
+    plan = infer_shape(fn, *call_args(lambda a: a.shape), **attrs)  # the op's own errors
+
+    # ---- the float64 reference and the bound -----------------------------------------------
+    ref_attrs = {k: v for k, v in attrs.items() if k != "precision"}
+    t0 = time.perf_counter()
+    y_exact = _numpy_f64(fn(*call_args(lambda a: a.astype(np.float64)), backend="numpy",
+                            **ref_attrs))
+    magnitude = _numpy_f64(fn(*call_args(lambda a: np.abs(a.astype(np.float64))),
+                              backend="numpy", **ref_attrs))
+    terms = _numpy_f64(fn(*call_args(lambda a: np.ones(a.shape, np.float64)),
+                          backend="numpy", **ref_attrs))
+    acc_dtype = plan.with_(dtype=dtype).acc_dtype
+    bound = _eps(dtype) * np.abs(y_exact) + terms * _eps(acc_dtype) * magnitude
+    ref_seconds = time.perf_counter() - t0
+
+    # ---- every backend ---------------------------------------------------------------------
+    results = []
+    for backend in names:
+        results.append(_run_backend(fn, backend, dtype, plan.shape, call_args, attrs,
+                                    y_exact, bound))
+    return Comparison(op=name, dtype=dtype, shape=plan.shape, pads_begin=plan.pads_begin,
+                      pads_end=plan.pads_end,
+                      input_shapes={r: tuple(arrays[r].shape) if r in arrays
+                                    else None if v is None else tuple(v)
+                                    for r, v in given.items()},
+                      attrs=dict(attrs), results=tuple(results), label=label,
+                      reference_seconds=ref_seconds)
+
+
+def trim(values: list[Any]) -> list[Any]:
+    """Drop trailing ``None`` (absent optional inputs) from positional arguments."""
+    while values and values[-1] is None:
+        values.pop()
+    return values
+
+
+def _backend_names(backends: str | Sequence[str] | None) -> list[str]:
+    from ._backends import available_backends
+
+    if backends is None:
+        return list(available_backends())
+    if isinstance(backends, str):
+        backends = [b.strip() for b in backends.split(",") if b.strip()]
+    names = list(dict.fromkeys(backends))
+    if not names:
+        msg = "compare: backends must name at least one backend"
+        raise ValueError(msg)
+    for name in names:
+        try:
+            get_backend(name)
+        except ImportError as exc:
+            raise ValueError(str(exc)) from None
+    return names
+
+
+def _run_backend(fn, backend: str, dtype: str, shape: tuple[int, ...], call_args,
+                 attrs: dict[str, Any], y_exact: np.ndarray, bound: np.ndarray) -> BackendResult:
+    library, to_backend, context = _library_for(backend, dtype)
+    try:
+        with context():
+            args = call_args(to_backend)
+            t0 = time.perf_counter()
+            y = fn(*args, backend=backend, **attrs)
+            if hasattr(y, "block_until_ready"):
+                y.block_until_ready()
+            y_np = _numpy_f64(y)
+            seconds = time.perf_counter() - t0
+            out_dtype = dtype_name(y)
+    except Exception as exc:  # a backend failing is a result, not a crash
+        return BackendResult(backend, library, None, None, math.nan, math.inf, False, 0.0,
+                             f"{type(exc).__name__}: {exc}")
+    out_shape = tuple(int(d) for d in y.shape)
+    if out_shape != shape:
+        return BackendResult(backend, library, out_shape, out_dtype, math.nan, math.inf, False,
+                             seconds, note=f"wrong shape: expected {shape}, got {out_shape}")
+    err, ratio = _errors(y_np, y_exact, bound)
+    ok = out_dtype == dtype and ratio <= 1.0
+    note = None if out_dtype == dtype else f"wrong dtype: expected {dtype}, got {out_dtype}"
+    return BackendResult(backend, library, out_shape, out_dtype, err, ratio, ok, seconds,
+                         note=note)
+
+
+def _errors(y: np.ndarray, y_exact: np.ndarray, bound: np.ndarray) -> tuple[float, float]:
+    """Max abs error and max error/bound; NaN and Inf must match the reference's exactly."""
+    finite = np.isfinite(y_exact)
+    special_ok = np.all((y[~finite] == y_exact[~finite])
+                        | (np.isnan(y[~finite]) & np.isnan(y_exact[~finite])))
+    diff = np.abs(y[finite] - y_exact[finite])
+    if diff.size and not np.all(np.isfinite(diff)):
+        return math.inf, math.inf
+    if not special_ok:
+        return (float(diff.max()) if diff.size else 0.0), math.inf
+    if not diff.size:
+        return 0.0, 0.0
+    b = bound[finite]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / b)
+    return float(diff.max()), float(ratio.max())
+
+
+def _library_for(backend: str, dtype: str):
+    """(label, numpy -> backend array, context manager) for a backend and dtype."""
+    import contextlib
+
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        context = contextlib.nullcontext
+        if dtype == "float64" and not jax.config.jax_enable_x64:
+            def context():
+                return jax.enable_x64(True)
+        return "jax.numpy", jnp.asarray, context
+    if backend == "array_api" and dtype in ("float32", "float64"):
+        try:
+            import array_api_strict
+        except ImportError:
+            pass
+        else:
+            return "array_api_strict", array_api_strict.asarray, contextlib.nullcontext
+    return "numpy", np.array, contextlib.nullcontext
+
+
+def _numpy_f64(y: Any) -> np.ndarray:
+    """Any backend's array as a float64 numpy array."""
+    if isinstance(y, np.ndarray):
+        return y.astype(np.float64)
+    if type(y).__module__.split(".", 1)[0] == "array_api_strict":
+        return np.from_dlpack(y).astype(np.float64)
+    return np.asarray(y).astype(np.float64)
+
+
+def _eps(dtype: str) -> float:
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)
+    return float(np.finfo(np.dtype(dtype)).eps)
+
+
+# --------------------------------------------------------------------------------------------
+# formatting helpers (shared with the CLI)
+# --------------------------------------------------------------------------------------------
+
+
+def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart, with a rule under the header."""
+    rows = [tuple(map(str, r)) for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()
+    out = [line, "  ".join("-" * w for w in widths)]
+    out.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return out
+
+
+def _num(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"
+
+
+def _shape_str(shape) -> str:
+    return "-" if shape is None else "x".join(map(str, shape)) if shape else "()"
+
+
+def _attr_str(v: Any) -> str:
+    return _shape_str(v) if isinstance(v, tuple) else repr(v) if isinstance(v, str) else str(v)
+
+
+def _sort_key(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+def _json_float(x: float) -> float | str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(i) for i in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return repr(v)

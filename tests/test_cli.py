@@ -1,0 +1,333 @@
+"""The ``polyconv`` command: ``shape`` agrees with ``infer_shape`` (and with the oracle's
+independent geometry), bad arguments are one clean line and exit status 2, ``compare`` runs
+and reports in text and JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import oracle
+import pytest
+
+import polyconv
+from polyconv import _backends
+from polyconv._cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _dims(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+# --------------------------------------------------------------------------------------------
+# polyconv shape
+# --------------------------------------------------------------------------------------------
+
+# (op, {option: shape}, {attr: value}); the shapes are the op's positional inputs
+SHAPE_CASES = [
+    ("ConvTranspose", {"src": (8, 32, 32, 64), "weights": (3, 3, 64, 64)},
+     {"strides": 2, "auto_pad": "same_upper", "output_padding": 1}),
+    ("ConvTranspose", {"src": (1, 4, 5, 6), "weights": (3, 3, 2, 6)},
+     {"strides": 2, "groups": 3, "pads_begin": (1, 0), "pads_end": (0, 1),
+      "output_padding": (1, 0)}),
+    ("ConvTranspose", {"src": (2, 3, 4, 4), "weights": (3, 2, 3, 3), "dst_shape": (7, 8)},
+     {"strides": 2, "auto_pad": "same_lower", "data_format": "NCX", "weights_format": "IOX"}),
+    ("Convolution", {"src": (2, 7, 6, 4), "weights": (3, 3, 2, 6), "bias": (6,)},
+     {"strides": (2, 1), "dilations": (1, 2), "groups": 2, "auto_pad": "same_lower"}),
+    ("Convolution", {"src": (1, 9, 3), "weights": (4, 3, 5)}, {"auto_pad": "valid",
+                                                               "strides": 3}),
+    ("ConvolutionBackwardData", {"diff_dst": (1, 4, 3, 6), "weights": (3, 3, 2, 6)},
+     {"strides": 2, "groups": 2, "auto_pad": "same_upper", "output_padding": 1}),
+    ("ConvolutionBackpropData-1", {"diff_dst": (1, 4, 4, 6), "weights": (3, 3, 2, 6),
+                                   "dst_shape": (8, 7)},
+     {"strides": 2, "auto_pad": "same_upper"}),
+    ("ConvolutionBackwardWeights", {"src": (2, 7, 6, 4), "diff_dst": (2, 4, 3, 6),
+                                    "weights_shape": (3, 3)},
+     {"strides": 2, "groups": 2, "auto_pad": "same_lower"}),
+    ("ConvTransposeBackwardData", {"diff_dst": (1, 9, 8, 3), "weights": (3, 3, 3, 2)},
+     {"strides": 2, "auto_pad": "same_upper", "output_padding": (1, 0)}),
+    ("ConvTransposeBackwardWeights", {"src": (2, 5, 4), "diff_dst": (2, 11, 3),
+                                      "weights_shape": (3, 3, 4)},
+     {"strides": 2, "output_padding": 1, "pads_begin": 1, "pads_end": 0}),
+]
+
+
+def _argv(op: str, shapes: dict, attrs: dict) -> list[str]:
+    argv = ["shape", op]
+    for key, value in {**shapes, **attrs}.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag, _dims(value) if isinstance(value, tuple) else str(value)]
+    return argv
+
+
+@pytest.mark.parametrize(("op", "shapes", "attrs"), SHAPE_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(SHAPE_CASES)])
+def test_shape_agrees_with_infer_shape_and_the_oracle(capsys, op, shapes, attrs):
+    code, out, err = run(capsys, *_argv(op, shapes, attrs), "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    kw = dict(attrs)
+    if op == "ConvTranspose" and "dst_shape" in shapes:  # a keyword there, not positional
+        kw["dst_shape"] = shapes["dst_shape"]
+    positional = [v for k, v in shapes.items() if k not in kw]
+    plan = polyconv.infer_shape(op, *positional, **kw)
+    assert tuple(got["shape"]) == plan.shape
+    assert tuple(got["pads_begin"]) == plan.pads_begin
+    assert tuple(got["pads_end"]) == plan.pads_end
+    assert tuple(got["output_padding"]) == plan.output_padding
+    # independently: the oracle's geometry, written from the SPEC only
+    arrays = {k: v for k, v in shapes.items() if not k.endswith("_shape") and k != "bias"}
+    extra = {k: v for k, v in shapes.items() if k.endswith("_shape")}
+    geo = oracle.geometry(op, *arrays.values(), **extra, **attrs)
+    assert tuple(got["shape"]) == tuple(geo.output_shape)
+    assert tuple(got["pads_begin"]) == tuple(geo.pads_begin)
+    assert tuple(got["pads_end"]) == tuple(geo.pads_end)
+    # the text form says the same
+    code, text, _ = run(capsys, *_argv(op, shapes, attrs))
+    assert code == 0
+    assert f"shape {plan.shape}" in text.splitlines()[0]
+    assert f"pads_begin      {plan.pads_begin}" in text
+
+
+def test_shape_op_names_are_case_and_separator_insensitive(capsys):
+    for op in ("ConvTranspose", "convtranspose", "conv_transpose", "CONV-TRANSPOSE"):
+        code, out, _ = run(capsys, "shape", op, "--src", "1x4x4x3", "--weights", "3,3,2,3",
+                           "--json")
+        assert code == 0 and json.loads(out)["function"] == "conv_transpose"
+
+
+# --------------------------------------------------------------------------------------------
+# bad arguments: one line on stderr, exit status 2, no traceback
+# --------------------------------------------------------------------------------------------
+
+BAD = {
+    "no command": ([], "required"),
+    "unknown command": (["frobnicate"], "invalid choice"),
+    "unknown option": (["shape", "Convolution", "--frob", "1"], "unrecognized arguments"),
+    "unknown op": (["shape", "Conv", "--src", "1x5x5x2", "--weights", "3x3x2x4"],
+                   "unknown op 'Conv'"),
+    "not a shape": (["shape", "Convolution", "--src", "1x5xfive", "--weights", "3x3x2x4"],
+                    "argument --src"),
+    "not an int list": (["shape", "Convolution", "--src", "1x5x5x2", "--weights", "3x3x2x4",
+                         "--strides", "2,b"], "argument --strides"),
+    "groups not an int": (["shape", "Convolution", "--src", "1x5x5x2", "--weights",
+                           "3x3x2x4", "--groups", "1.5"], "argument --groups"),
+    "zero stride (ValueError)": (["shape", "Convolution", "--src", "1x5x5x2", "--weights",
+                                  "3x3x2x4", "--strides", "0"], "strides must be positive"),
+    "unknown auto_pad": (["shape", "Convolution", "--src", "1x5x5x2", "--weights", "3x3x2x4",
+                          "--auto-pad", "middle"], "unknown auto_pad 'middle'"),
+    "unknown data_format": (["shape", "Convolution", "--src", "1x5x5x2", "--weights",
+                             "3x3x2x4", "--data-format", "NHWC"], "unknown data_format"),
+    "output_padding >= stride": (["shape", "ConvTranspose", "--src", "1x5x5x2", "--weights",
+                                  "3x3x4x2", "--strides", "2", "--output-padding", "2"],
+                                 "output_padding must be in [0, stride)"),
+    "output_padding on Convolution": (["shape", "Convolution", "--src", "1x5x5x2",
+                                       "--weights", "3x3x2x4", "--output-padding", "1"],
+                                      "unexpected keyword argument 'output_padding'"),
+    "channel mismatch": (["shape", "Convolution", "--src", "1x5x5x3", "--weights",
+                          "3x3x2x4"], "does not match the data channels"),
+    "empty output": (["shape", "Convolution", "--src", "1x2x2x2", "--weights", "3x3x2x4"],
+                     "would be empty"),
+    "attribute length": (["shape", "Convolution", "--src", "1x5x5x2", "--weights",
+                          "3x3x2x4", "--strides", "1,2,3"], "one entry per spatial axis"),
+    "missing shape (TypeError)": (["shape", "ConvolutionBackwardWeights", "--src", "1x5x5x2",
+                                   "--diff-dst", "1x3x3x4"], "weights_shape is required"),
+    "missing input": (["shape", "Convolution", "--src", "1x5x5x2"],
+                      "missing the shape of required input 'weights'"),
+    "input the op does not take": (["shape", "Convolution", "--src", "1x5x5x2", "--weights",
+                                    "3x3x2x4", "--diff-dst", "1x3x3x4"],
+                                   "Convolution does not take --diff-dst"),
+    "unknown backend": (["compare", "--op", "Convolution", "--src", "1x5x5x2", "--weights",
+                         "3x3x2x4", "--backends", "nope"], "unknown backend 'nope'"),
+    "unknown dtype": (["compare", "--dtypes", "float8"], "unknown dtype 'float8'"),
+    "attributes without shapes": (["compare", "--strides", "2"], "need input shapes"),
+    "compare with a bad geometry": (["compare", "--op", "ConvTranspose", "--src", "1x5x5x2",
+                                     "--weights", "3x3x4x2", "--pads-begin", "-1"],
+                                    "pads_begin must be non-negative"),
+    "compare op needs weights": (["compare", "--op", "ConvTranspose", "--src", "1x5x5x2"],
+                                 "ConvTranspose needs --weights"),
+    "compare op needs src": (["compare", "--op", "ConvTransposeBackwardData", "--weights",
+                              "3x3x4x2"], "needs --diff-dst (or --src to derive it from)"),
+    "no op fits the shapes": (["compare", "--src", "1x5x5x3", "--weights", "3x3x2x4"],
+                              "no op accepts these shapes"),
+}
+
+
+@pytest.mark.parametrize("argv,match", BAD.values(), ids=BAD.keys())
+def test_bad_arguments_are_one_clean_line(capsys, argv, match):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("polyconv: error: ")
+    assert match in lines[0]
+    assert "Traceback" not in err
+
+
+def test_bad_arguments_in_a_real_process():
+    proc = subprocess.run([sys.executable, "-m", "polyconv", "shape", "ConvTranspose",
+                           "--src", "1x5x5x2", "--weights", "3x3x4x2", "--strides", "2",
+                           "--output-padding", "3"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("polyconv: error: conv_transpose: output_padding")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_help_and_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "compare" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert polyconv.__version__ in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# polyconv compare
+# --------------------------------------------------------------------------------------------
+
+SMALL = ["--op", "ConvTranspose", "--src", "2x5x4x6", "--weights", "3x3x2x6", "--strides", "2",
+         "--groups", "3", "--pads-begin", "1,0", "--pads-end", "0x1", "--output-padding", "1"]
+
+
+def test_compare_one_op(capsys):
+    code, out, err = run(capsys, "compare", *SMALL, "--dtypes", "f32,bf16")
+    assert code == 0, out + err
+    assert "FAIL" not in out and "ERROR" not in out
+    assert out.strip().splitlines()[-1].startswith("polyconv compare: 2 comparisons x ")
+    for backend in polyconv.available_backends():
+        assert backend in out
+
+
+def test_compare_json(capsys):
+    code, out, _ = run(capsys, "compare", *SMALL, "--json", "--backends", "numpy")
+    assert code == 0
+    report = json.loads(out)
+    assert report["ok"] is True and report["backends"] == ["numpy"]
+    assert report["dtypes"] == ["float32", "float16", "bfloat16"]
+    assert len(report["comparisons"]) == 3
+    expected = polyconv.infer_shape("ConvTranspose", (2, 5, 4, 6), (3, 3, 2, 6), strides=2,
+                                    groups=3, pads_begin=(1, 0), pads_end=(0, 1),
+                                    output_padding=1).shape
+    for c in report["comparisons"]:
+        assert c["op"] == "conv_transpose" and tuple(c["shape"]) == expected
+        assert c["input_shapes"]["bias"] == [6]
+        assert c["results"][0]["ok"] is True
+
+
+def test_compare_derives_the_backward_inputs(capsys):
+    code, out, err = run(capsys, "compare", "--src", "1x6x5x4", "--weights", "3x3x4x4",
+                         "--strides", "2", "--auto-pad", "same_upper", "--backends", "numpy",
+                         "--dtypes", "float32", "--json")
+    assert code == 0, err
+    ops = [c["op"] for c in json.loads(out)["comparisons"]]
+    assert ops == ["convolution", "convolution_backward_data", "convolution_backward_weights",
+                   "conv_transpose", "conv_transpose_backward_data",
+                   "conv_transpose_backward_weights"]
+
+
+def test_compare_skips_ops_that_reject_the_attributes(capsys):
+    code, out, err = run(capsys, "compare", "--src", "1x5x5x4", "--weights", "3x3x4x4",
+                         "--strides", "2", "--output-padding", "1", "--backends", "numpy",
+                         "--dtypes", "float32", "--json")
+    assert code == 0, err
+    assert "skipping Convolution:" in err
+    ops = {c["op"] for c in json.loads(out)["comparisons"]}
+    assert "convolution" not in ops and "conv_transpose" in ops
+
+
+def test_builtin_suite_on_numpy(capsys):
+    code, out, err = run(capsys, "compare", "--backends", "numpy", "--dtypes", "float32")
+    assert code == 0, out
+    summary = out.strip().splitlines()[-1]
+    assert summary.startswith("polyconv compare: ")
+    assert "within the SPEC §5 bound" in summary
+    for op in ("Convolution", "ConvolutionBackwardData", "ConvolutionBackwardWeights",
+               "ConvTranspose", "ConvTransposeBackwardData", "ConvTransposeBackwardWeights"):
+        assert f"\n{op} " in out
+    for word in ("same_upper", "same_lower", "valid", "output_padding", "grouped",
+                 "depthwise", "dilated", "1d", "3d", "dst_shape"):
+        assert word in out
+    assert "[1/" in err.replace(" ", "")  # progress goes to stderr
+
+
+def test_builtin_suite_filtered_by_op(capsys):
+    code, out, _ = run(capsys, "compare", "--op", "ConvTransposeBackwardWeights",
+                       "--backends", "numpy", "--dtypes", "bf16", "--json", "-q")
+    assert code == 0
+    ops = {c["op"] for c in json.loads(out)["comparisons"]}
+    assert ops == {"conv_transpose_backward_weights"}
+
+
+class _Wrong:
+    """Correct shapes and dtypes, wrong values: the numpy backend's result plus one."""
+
+    name = "wrong"
+
+    def __init__(self):
+        self.inner = _backends.get_backend("numpy")
+
+    def forward(self, plan, *args):
+        return self._plus_one(self.inner.forward(plan, *args))
+
+    def backward_data(self, plan, *args):
+        return self._plus_one(self.inner.backward_data(plan, *args))
+
+    def backward_weights(self, plan, *args):
+        return self._plus_one(self.inner.backward_weights(plan, *args))
+
+    @staticmethod
+    def _plus_one(y):
+        return (y.astype("float64") + 1.0).astype(y.dtype)
+
+
+def test_compare_exits_1_when_a_backend_breaks_the_bound(capsys, monkeypatch):
+    monkeypatch.setitem(_backends._LOADED, "wrong", _Wrong())
+    code, out, _ = run(capsys, "compare", *SMALL, "--backends", "numpy,wrong", "--dtypes",
+                       "float32")
+    assert code == 1
+    assert "FAILED: wrong" in out
+    assert "1 of 2 results FAILED" in out.splitlines()[-1]
+    code, out, _ = run(capsys, "compare", "--op", "Convolution", "--backends", "numpy,wrong",
+                       "--dtypes", "float32", "-q")
+    assert code == 1 and "FAIL" in out and "failures:" in out
+    code, out, _ = run(capsys, "compare", *SMALL, "--backends", "wrong", "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+
+
+# --------------------------------------------------------------------------------------------
+# polyconv backends
+# --------------------------------------------------------------------------------------------
+
+
+def test_backends_lists_every_registered_backend(capsys):
+    code, out, _ = run(capsys, "backends", "--json")
+    assert code == 0
+    info = {b["name"]: b for b in json.loads(out)}
+    assert set(info) == set(polyconv.registered_backends())
+    for name in polyconv.available_backends():
+        assert info[name]["available"] is True
+    assert "numpy" in info["numpy"]["versions"]
+    code, text, _ = run(capsys, "backends")
+    assert code == 0 and text.splitlines()[0].split()[:2] == ["backend", "available"]
+
+
+def test_backends_copes_with_a_missing_backend(capsys, monkeypatch):
+    entry = _backends.BackendEntry("ghost", "polyconv_ghost_not_installed",
+                                   ("ghost_lib_not_installed",), "not here")
+    monkeypatch.setitem(_backends._BUILTIN, "ghost", entry)
+    code, out, _ = run(capsys, "backends", "--json")
+    assert code == 0
+    ghost = {b["name"]: b for b in json.loads(out)}["ghost"]
+    assert ghost["available"] is False and ghost["devices"] is None

@@ -1,0 +1,260 @@
+"""``polyconv.compare``: it passes every working backend and FAILS a broken one.
+
+The pass/fail line is checked against the independent oracle (``tests/oracle.py``): a fake
+backend returns the oracle's exact result moved by a chosen multiple of the oracle's SPEC §5
+bound, so ``compare`` must pass it at 0.4x and fail it at 3x. Fakes join the registry by
+monkeypatching its table of loaded backends, the way a third-party entry point would appear.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import oracle
+import pytest
+
+import polyconv
+from polyconv import _backends
+
+# (op, input shapes, attrs): one small call per op, with strides, groups, pads and bias.
+CALLS = [
+    ("Convolution", {"src": (2, 7, 6, 4), "weights": (3, 3, 2, 6), "bias": (6,)},
+     {"strides": 2, "groups": 2, "pads_begin": (1, 0), "pads_end": (0, 1)}),
+    ("ConvolutionBackwardData", {"diff_dst": (1, 4, 3, 6), "weights": (3, 3, 2, 6)},
+     {"strides": 2, "groups": 2, "auto_pad": "same_upper", "output_padding": 1}),
+    ("ConvolutionBackwardWeights", {"src": (2, 7, 6, 4), "diff_dst": (2, 4, 3, 6),
+                                    "weights_shape": (3, 3)},
+     {"strides": 2, "groups": 2, "auto_pad": "same_lower"}),
+    ("ConvTranspose", {"src": (1, 4, 5, 6), "weights": (3, 3, 2, 6), "bias": (6,)},
+     {"strides": 2, "groups": 3, "pads_begin": (1, 0), "pads_end": (0, 1),
+      "output_padding": (1, 0)}),
+    ("ConvTransposeBackwardData", {"diff_dst": (1, 3, 9, 8), "weights": (3, 3, 3, 2)},
+     {"strides": 2, "auto_pad": "same_upper", "data_format": "NCX", "weights_format": "IOX",
+      "output_padding": (1, 0)}),
+    ("ConvTransposeBackwardWeights", {"src": (2, 5, 4), "diff_dst": (2, 12, 3),
+                                      "weights_shape": (3,)},
+     {"strides": 2, "output_padding": 1}),
+]
+
+
+def _inputs(shapes: dict, dtype: str, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    for role, shape in shapes.items():
+        if role.endswith("_shape"):
+            out.append(shape)
+        else:
+            out.append(rng.uniform(-1, 1, shape).astype(oracle.numpy_dtype(dtype)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("op", "shapes", "attrs"), CALLS, ids=[c[0] for c in CALLS])
+def test_every_available_backend_passes(op, shapes, attrs, dtype):
+    report = polyconv.compare(op, *_inputs(shapes, dtype), **attrs)
+    assert [r.backend for r in report.results] == list(polyconv.available_backends())
+    assert report.ok, str(report)
+    ref = oracle.reference(op, *(x for x in _inputs(shapes, dtype)
+                                 if isinstance(x, np.ndarray)),
+                           **attrs, **{k: v for k, v in shapes.items() if k.endswith("_shape")})
+    assert report.shape == ref.shape
+    assert report.input_shapes == {k: tuple(v) for k, v in shapes.items()}
+    for r in report.results:
+        assert r.shape == ref.shape and r.dtype == dtype
+        assert 0.0 <= r.max_ratio <= 1.0 and r.max_abs_error >= 0.0
+        assert r.status == "ok" and r.error is None and r.seconds >= 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# fake backends
+# --------------------------------------------------------------------------------------------
+
+
+class Fixed:
+    """A backend that ignores its inputs and returns one prepared array."""
+
+    name = "fixed"
+
+    def __init__(self, result):
+        self.result = result
+        self.calls = 0
+
+    def _out(self, *args, **kwargs):
+        self.calls += 1
+        return self.result
+
+    forward = backward_data = backward_weights = _out
+
+
+class Raising:
+    name = "raising"
+
+    def _out(self, *args, **kwargs):
+        msg = "this backend is broken"
+        raise RuntimeError(msg)
+
+    forward = backward_data = backward_weights = _out
+
+
+def _register(monkeypatch, name: str, backend) -> None:
+    monkeypatch.setitem(_backends._LOADED, name, backend)
+
+
+OP, SHAPES, ATTRS = CALLS[3]  # ConvTranspose with groups, strides, asymmetric pads, bias
+
+
+def _exact_plus(factor: float, dtype: str):
+    """The oracle's exact ConvTranspose result moved by ``factor`` x its SPEC §5 bound."""
+    inputs = _inputs(SHAPES, dtype)
+    ref = oracle.reference(OP, *inputs, **ATTRS)
+    eps = oracle.EPS[dtype]
+    bound = eps * np.abs(ref.y) + ref.n * oracle.EPS[oracle.acc_dtype(dtype)] * ref.abs_sum
+    sign = np.where(np.arange(ref.y.size).reshape(ref.y.shape) % 2, 1.0, -1.0)
+    moved = (ref.y + sign * factor * bound).astype(oracle.numpy_dtype(dtype))
+    return inputs, moved
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.4])
+def test_a_backend_within_the_bound_passes(monkeypatch, factor):
+    inputs, moved = _exact_plus(factor, "float32")
+    _register(monkeypatch, "fixed", Fixed(moved))
+    report = polyconv.compare(OP, *inputs, backends=["numpy", "fixed"], **ATTRS)
+    assert report.ok, str(report)
+    fixed = report.results[1]
+    assert fixed.backend == "fixed" and fixed.ok and fixed.max_ratio <= 1.0
+
+
+@pytest.mark.parametrize("factor", [3.0, 100.0])
+def test_a_backend_outside_the_bound_fails(monkeypatch, factor):
+    inputs, moved = _exact_plus(factor, "float32")
+    _register(monkeypatch, "fixed", Fixed(moved))
+    report = polyconv.compare(OP, *inputs, backends="numpy,fixed", **ATTRS)
+    assert not report.ok
+    numpy_row, fixed = report.results
+    assert numpy_row.ok
+    assert not fixed.ok and fixed.status == "FAIL" and fixed.max_ratio > 1.0
+    assert "FAILED: fixed" in str(report)
+    assert report.worst is fixed
+
+
+def test_a_single_wrong_element_fails(monkeypatch):
+    inputs, exact = _exact_plus(0.0, "float32")
+    broken = exact.copy()
+    broken.flat[broken.size // 2] += np.float32(1e-3)
+    _register(monkeypatch, "fixed", Fixed(broken))
+    report = polyconv.compare(OP, *inputs, backends=["fixed"], **ATTRS)
+    assert not report.ok
+    assert report.results[0].max_abs_error == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_wrong_shape_and_wrong_dtype_fail(monkeypatch):
+    inputs, exact = _exact_plus(0.0, "float32")
+    _register(monkeypatch, "fixed", Fixed(exact[:, :-1]))
+    report = polyconv.compare(OP, *inputs, backends=["fixed"], **ATTRS)
+    assert not report.ok and "wrong shape" in report.results[0].note
+    _register(monkeypatch, "fixed", Fixed(exact.astype(np.float64)))
+    report = polyconv.compare(OP, *inputs, backends=["fixed"], **ATTRS)
+    (r,) = report.results
+    assert not r.ok and r.max_ratio <= 1.0 and "wrong dtype" in r.note
+
+
+def test_a_raising_backend_is_an_error_row_not_a_crash(monkeypatch):
+    _register(monkeypatch, "raising", Raising())
+    report = polyconv.compare(OP, *_inputs(SHAPES, "float32"), backends=["numpy", "raising"],
+                              **ATTRS)
+    assert not report.ok
+    assert report.results[0].ok
+    r = report.results[1]
+    assert r.status == "ERROR" and r.error == "RuntimeError: this backend is broken"
+    assert "this backend is broken" in str(report)
+    json.dumps(report.to_dict())  # inf/nan are encoded as strings
+
+
+# --------------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------------
+
+
+def test_report_table_and_json():
+    inputs = _inputs(SHAPES, "float32")
+    report = polyconv.compare(OP, *inputs, backends=["numpy"], label="my case", **ATTRS)
+    text = str(report)
+    assert text.splitlines()[0].startswith("my case: conv_transpose(")
+    assert "numpy" in text and "err/bound" in text and "within the SPEC §5 bound" in text
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["ok"] is True and d["op"] == "conv_transpose" and d["dtype"] == "float32"
+    assert d["shape"] == list(report.shape) == list(polyconv.infer_shape(
+        OP, *(x.shape for x in inputs), **ATTRS).shape)
+    assert d["pads_begin"] == [1, 0] and d["pads_end"] == [0, 1]
+    assert d["input_shapes"]["src"] == [1, 4, 5, 6]
+    assert d["attrs"]["pads_begin"] == [1, 0]
+    (row,) = d["results"]
+    assert set(row) >= {"backend", "library", "shape", "dtype", "max_abs_error", "max_ratio",
+                        "ok", "seconds", "status"}
+
+
+def test_op_given_as_function_or_function_name():
+    inputs = _inputs(SHAPES, "float32")
+    for op in (polyconv.conv_transpose, "conv_transpose", "ConvTranspose"):
+        report = polyconv.compare(op, *inputs, backends=["numpy"], **ATTRS)
+        assert report.op == "conv_transpose" and report.ok
+
+
+def test_inputs_are_not_modified():
+    inputs = _inputs(SHAPES, "float32")
+    copies = [x.copy() for x in inputs]
+    polyconv.compare(OP, *inputs, **ATTRS)
+    for x, c in zip(inputs, copies):
+        np.testing.assert_array_equal(x, c)
+
+
+def test_nan_inputs_propagate_and_agree():
+    inputs = _inputs(SHAPES, "float32")
+    inputs[0][0, 1, 2, 0] = np.nan
+    report = polyconv.compare(OP, *inputs, backends=["numpy"], **ATTRS)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda x, w: polyconv.compare("Nope", x, w), ValueError, "unknown op 'Nope'"),
+    (lambda x, w: polyconv.compare(OP, x, w, backends=["nope"]), ValueError,
+     "unknown backend 'nope'"),
+    (lambda x, w: polyconv.compare(OP, x, w, backends=[]), ValueError, "at least one"),
+    (lambda x, w: polyconv.compare(OP, x, w, backend="numpy"), TypeError, "backends="),
+    (lambda x, w: polyconv.compare(OP, x, w, strides=0), ValueError,
+     "strides must be positive"),
+    (lambda x, w: polyconv.compare(OP, x.astype(np.float16), w), TypeError,
+     "share one floating dtype"),
+    (lambda x, w: polyconv.compare(OP, x.astype(np.int32), w.astype(np.int32)), TypeError,
+     "floating point"),
+    (lambda x, w: polyconv.compare(OP, x, w, None, None), TypeError, "at most 3"),
+])
+def test_invalid_calls_raise_the_ops_errors(call, error, match):
+    x, w = _inputs({"src": (1, 4, 4, 3), "weights": (3, 3, 2, 3)}, "float32")
+    with pytest.raises(error, match=match):
+        call(x, w)
+
+
+def test_unavailable_backend_is_a_value_error(monkeypatch):
+    entry = _backends.BackendEntry("ghost", "polyconv_ghost_not_installed", ("numpy",), "x")
+    monkeypatch.setitem(_backends._BUILTIN, "ghost", entry)
+    x, w = _inputs({"src": (1, 4, 4, 3), "weights": (3, 3, 2, 3)}, "float32")
+    with pytest.raises(ValueError, match="'ghost' is not installed"):
+        polyconv.compare(OP, x, w, backends=["ghost"])
+
+
+def test_compare_on_numpy_does_not_import_jax():
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import polyconv
+        x = np.ones((1, 4, 4, 3), np.float32)
+        w = np.ones((3, 3, 2, 3), np.float32)
+        assert polyconv.compare("ConvTranspose", x, w, strides=2, backends=["numpy"]).ok
+        assert "jax" not in sys.modules, "compare imported jax"
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
