@@ -187,7 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the libraries it needs, and devices (JAX).")
     b.add_argument("--json", action="store_true", help="print as JSON")
     b.set_defaults(func=cmd_backends)
+
+    bench = sub.add_parser("bench", add_help=False,
+                           help="benchmark polyconv side by side with PyTorch and lax "
+                                "('polyconv bench --help' for options)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``polyconv bench``: the benchmark suite of :mod:`polyconv.benchmarks.suite`."""
+    from .benchmarks.suite import main as bench_main
+
+    return bench_main(args.bench_args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -670,7 +683,10 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``polyconv`` command; returns the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["bench"]:  # its own parser: every option goes to the suite
+            return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
         args = parser.parse_args(argv)
         return args.func(args)
     except (UsageError, ValueError, TypeError) as exc:

@@ -1,0 +1,412 @@
+"""polyconv's benchmark suite: polyconv side by side with the tools users would otherwise pick.
+
+Run with ``polyconv bench`` (or ``python -m polyconv.benchmarks.suite``). Each case runs all
+its competitors in one process, interleaved (one call of each per round, after warm-up), and
+reports the median time, GFLOP/s, the fraction of this machine's float32 matmul rate, and the
+ratio of every competitor to polyconv's numpy backend. Peers are optional: a peer whose package
+is missing is listed as skipped. Nothing here is a test: timings are only compared within one
+run, as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import polyconv
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark: a polyconv op on NXC inputs of given shapes."""
+
+    name: str
+    op: str                        # polyconv function name
+    shapes: tuple[tuple[int, ...], ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    extra: tuple[Any, ...] = ()    # trailing positional args (weights_shape)
+
+    @property
+    def plan(self) -> polyconv.ConvPlan:
+        return polyconv.infer_shape(self.op, *self.shapes, *self.extra, **self.attrs)
+
+    @property
+    def flops(self) -> float:
+        """2 x multiply-adds of the canonical convolution (padding included)."""
+        p = self.plan
+        return 2.0 * p.batch * math.prod(p.b_spatial) * p.b_channels * (
+            p.a_channels // p.groups) * math.prod(p.kernel)
+
+
+def _ct(name, n, spatial, ic, oc, k, s, p, op, groups=1, dtype="float32"):
+    d = len(spatial)
+    return Case(name, "conv_transpose", ((n, *spatial, ic), (*(k,) * d, oc // groups, ic)),
+                dict(strides=s, pads_begin=p, pads_end=p, output_padding=op, groups=groups),
+                dtype)
+
+
+CASES: tuple[Case, ...] = (
+    _ct("ConvTranspose 2D 8x32x32x64->64 k3 s2 p1 op1", 8, (32, 32), 64, 64, 3, 2, 1, 1),
+    _ct("ConvTranspose 2D grouped g8", 8, (32, 32), 64, 64, 3, 2, 1, 1, groups=8),
+    _ct("ConvTranspose 2D depthwise g64", 8, (32, 32), 64, 64, 3, 2, 1, 1, groups=64),
+    _ct("ConvTranspose 1D 4x4000x256->128 k16 s8 p4", 4, (4000,), 256, 128, 16, 8, 4, 0),
+    _ct("ConvTranspose 3D 2x16^3x32->32 k3 s2 p1 op1", 2, (16, 16, 16), 32, 32, 3, 2, 1, 1),
+    Case("Convolution 2D 8x56x56x64->64 k3 s1 p1", "convolution",
+         ((8, 56, 56, 64), (3, 3, 64, 64)), dict(pads_begin=1, pads_end=1)),
+    Case("ConvolutionBackwardWeights 2D 8x56x56x64 k3 p1", "convolution_backward_weights",
+         ((8, 56, 56, 64), (8, 56, 56, 64)), dict(pads_begin=1, pads_end=1),
+         extra=((3, 3, 64, 64),)),
+    Case("ConvTransposeBackwardWeights 2D 8x32x32x64 k3 s2", "conv_transpose_backward_weights",
+         ((8, 32, 32, 64), (8, 64, 64, 64)),
+         dict(strides=2, pads_begin=1, pads_end=1, output_padding=1),
+         extra=((3, 3, 64, 64),)),
+    _ct("ConvTranspose 2D bf16", 8, (32, 32), 64, 64, 3, 2, 1, 1, dtype="bfloat16"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# competitors
+# --------------------------------------------------------------------------------------------
+
+def _np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def _inputs(case: Case, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s, dtype=np.float32).astype(_np_dtype(case.dtype))
+            for s in case.shapes]
+
+
+def _polyconv_numpy(case: Case, arrays):
+    fn = getattr(polyconv, case.op)
+    return lambda: fn(*arrays, *case.extra, backend="numpy", **case.attrs)
+
+
+def _polyconv_jax(case: Case, arrays):
+    import jax
+    import jax.numpy as jnp
+
+    fn = jax.jit(partial(getattr(polyconv, case.op), **case.attrs),
+                 static_argnums=tuple(range(len(arrays), len(arrays) + len(case.extra))))
+    xs = [jnp.asarray(a) for a in arrays]
+    return lambda: fn(*xs, *case.extra).block_until_ready()
+
+
+def _torch_weights_iox(w: np.ndarray):
+    """XOI [K.., OC/G, IC] or XIO [K.., IC/G, OC] -> channels-first [.., .., K..]."""
+    return np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1)))
+
+
+def _torch(case: Case, arrays):
+    import torch
+    import torch.nn.functional as F
+
+    p = case.plan
+    d = p.ndim
+    memfmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
+
+    def data(x):
+        t = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x.astype(np.float32), -1, 1)))
+        t = t.to(tdt)
+        return t.contiguous(memory_format=memfmt) if memfmt else t
+
+    if any(b != e for b, e in zip(p.pads_begin, p.pads_end)):
+        return None  # torch has no asymmetric pads
+    pad = list(p.pads_begin)
+    if case.op == "conv_transpose":
+        x, w = arrays
+        xt, wt = data(x), torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        f = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[d]
+        kw = dict(stride=p.strides, padding=pad, output_padding=p.output_padding,
+                  groups=p.groups, dilation=p.dilations)
+        return lambda: f(xt, wt, **kw)
+    if case.op == "convolution":
+        x, w = arrays
+        xt, wt = data(x), torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
+        return lambda: f(xt, wt, stride=p.strides, padding=pad, dilation=p.dilations,
+                         groups=p.groups)
+    transposed = case.op == "conv_transpose_backward_weights"
+    src, diff_dst = (data(a) for a in arrays)
+    w = torch.zeros(_torch_weights_shape(case), dtype=tdt)
+    if transposed:
+        args = (diff_dst, src, w, None, p.strides, pad, p.dilations, True,
+                p.output_padding, p.groups, (False, True, False))
+    else:
+        args = (diff_dst, src, w, None, p.strides, pad, p.dilations, False,
+                (0,) * d, p.groups, (False, True, False))
+    return lambda: torch.ops.aten.convolution_backward(*args)
+
+
+def _torch_weights_shape(case: Case):
+    shape = case.extra[0]
+    return (shape[-1], shape[-2], *shape[:-2])
+
+
+def _lax(case: Case, arrays):
+    """The equivalent hand-written ``lax.conv_general_dilated`` call, jitted."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    p = case.plan
+    d = p.ndim
+    sp = "".join(chr(ord("0") + i) for i in range(d)) if d > 3 else "DHW"[-d:]
+    dn = (f"N{sp}C", f"{sp}IO", f"N{sp}C")
+    hi = lax.Precision.HIGHEST
+    acc = jnp.float32
+    if case.op == "conv_transpose":
+        x, w = (jnp.asarray(a) for a in arrays)
+        g, k = p.groups, p.kernel
+        # XOI [K.., OC/G, IC] -> flipped, regrouped XIO [K.., IC/G, OC]
+        wr = w.reshape(*k, p.a_channels // g, g, p.b_channels // g)
+        wr = jnp.moveaxis(wr, -2, -3).reshape(*k, p.a_channels, p.b_channels // g)
+        wr = jnp.swapaxes(wr, -1, -2)[tuple(slice(None, None, -1) for _ in range(d))]
+        eks = p.effective_kernel
+        pads = [(ek - 1 - b, ek - 1 - e + o)
+                for ek, b, e, o in zip(eks, p.pads_begin, p.pads_end, p.output_padding)]
+        fn = jax.jit(lambda x, w: lax.conv_general_dilated(
+            x, w, (1,) * d, pads, lhs_dilation=p.strides, rhs_dilation=p.dilations,
+            dimension_numbers=dn, feature_group_count=g, precision=hi,
+            preferred_element_type=acc).astype(x.dtype))
+        wr = jnp.asarray(wr)
+        return lambda: fn(x, wr).block_until_ready()
+    if case.op == "convolution":
+        x, w = (jnp.asarray(a) for a in arrays)
+        pads = list(zip(p.pads_begin, p.pads_end))
+        fn = jax.jit(lambda x, w: lax.conv_general_dilated(
+            x, w, p.strides, pads, rhs_dilation=p.dilations, dimension_numbers=dn,
+            feature_group_count=p.groups, precision=hi, preferred_element_type=acc
+        ).astype(x.dtype))
+        return lambda: fn(x, w).block_until_ready()
+    # weight gradients: jax's own transpose rule of the forward conv (vjp), as users write it
+    src, diff_dst = (jnp.asarray(a) for a in arrays)
+    if case.op == "convolution_backward_weights":
+        pads = list(zip(p.pads_begin, p.pads_end))
+        w0 = jnp.zeros(case.extra[0], src.dtype)
+
+        def fwd(w):
+            return lax.conv_general_dilated(src, w, p.strides, pads, rhs_dilation=p.dilations,
+                                            dimension_numbers=dn,
+                                            feature_group_count=p.groups, precision=hi)
+
+        fn = jax.jit(lambda dy: jax.vjp(fwd, w0)[1](dy)[0])
+        return lambda: fn(diff_dst).block_until_ready()
+    # ConvTransposeBackwardWeights: vjp of lax.conv_transpose (groups 1 only)
+    if p.groups != 1:
+        return None
+    w0 = jnp.zeros(case.extra[0], src.dtype)   # XOI
+    pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in
+            zip(p.effective_kernel, p.pads_begin, p.pads_end, p.output_padding)]
+
+    def fwd_t(w):
+        return lax.conv_transpose(src, w, p.strides, pads, rhs_dilation=p.dilations,
+                                  dimension_numbers=(f"N{sp}C", f"{sp}OI", f"N{sp}C"),
+                                  transpose_kernel=True, precision=hi)
+
+    fn = jax.jit(lambda dy: jax.vjp(fwd_t, w0)[1](dy)[0])
+    return lambda: fn(diff_dst).block_until_ready()
+
+
+@dataclass(frozen=True)
+class Competitor:
+    name: str
+    requires: str | None
+    make: Callable[[Case, list[np.ndarray]], Callable[[], Any] | None]
+
+
+COMPETITORS: tuple[Competitor, ...] = (
+    Competitor("polyconv-numpy", None, _polyconv_numpy),
+    Competitor("polyconv-jax", "jax", _polyconv_jax),
+    Competitor("torch", "torch", _torch),
+    Competitor("lax", "jax", _lax),
+)
+BASELINE = "polyconv-numpy"
+
+
+# --------------------------------------------------------------------------------------------
+# measurement
+# --------------------------------------------------------------------------------------------
+
+def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
+    """This machine's float32 matmul rate (GFLOP/s) with numpy: the practical CPU limit."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def peak_extra_memory(fn: Callable[[], Any]) -> int:
+    """Peak bytes allocated by numpy during one call (tracemalloc sees numpy's buffers)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def run_case(case: Case, competitors, repeats: int, warmup: int, log) -> dict[str, Any]:
+    arrays = _inputs(case)
+    fns: dict[str, Callable[[], Any]] = {}
+    skipped: dict[str, str] = {}
+    for comp in competitors:
+        if comp.requires and find_spec(comp.requires) is None:
+            skipped[comp.name] = f"{comp.requires} not installed"
+            continue
+        try:
+            fn = comp.make(case, arrays)
+        except Exception as exc:  # a peer that cannot express the case
+            skipped[comp.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if fn is None:
+            skipped[comp.name] = "cannot express this case"
+            continue
+        fns[comp.name] = fn
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(repeats):
+        order = list(fns.items())
+        if r % 2:
+            order.reverse()          # interleaved, alternating order
+        for name, fn in order:
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        log(f"\r  {case.name}: round {r + 1}/{repeats}")
+    log("\n")
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    io_bytes = sum(a.nbytes for a in arrays) + math.prod(case.plan.shape) * arrays[0].itemsize
+    peak = peak_extra_memory(fns[BASELINE]) if BASELINE in fns else None
+    base = medians.get(BASELINE)
+    return {
+        "case": case.name,
+        "op": case.op,
+        "dtype": case.dtype,
+        "gflop": case.flops / 1e9,
+        "median_s": medians,
+        "gflops": {n: case.flops / t / 1e9 for n, t in medians.items()},
+        "speed_vs_numpy": {n: (base / t if base else None) for n, t in medians.items()},
+        "numpy_peak_extra_memory_ratio": (peak / io_bytes if peak is not None else None),
+        "skipped": skipped,
+    }
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    info = {"platform": platform.platform(), "processor": platform.processor(),
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "numpy": np.__version__, "polyconv": polyconv.__version__}
+    for mod in ("jax", "torch"):
+        if find_spec(mod) is not None:
+            info[mod] = __import__(mod).__version__
+    return info
+
+
+def format_table(results: dict[str, Any]) -> str:
+    names = [c.name for c in COMPETITORS]
+    rate = results["matmul_gflops"]
+    lines = [f"machine: {results['machine']['platform']}, {results['machine']['cpus']} cpus; "
+             f"numpy f32 matmul {rate:.1f} GFLOP/s",
+             f"{'case':48s} " + " ".join(f"{n:>16s}" for n in names)
+             + "  numpy mem  numpy %peak"]
+    for r in results["cases"]:
+        cells = []
+        for n in names:
+            if n in r["median_s"]:
+                cells.append(f"{r['median_s'][n] * 1e3:8.2f}ms x{r['speed_vs_numpy'][n]:5.2f}")
+            else:
+                cells.append(f"{'skipped':>16s}")
+        mem = r["numpy_peak_extra_memory_ratio"]
+        frac = r["gflops"].get(BASELINE, 0) / rate * 100
+        lines.append(f"{r['case']:48s} " + " ".join(f"{c:>16s}" for c in cells)
+                     + f"  {mem:8.2f}x  {frac:9.1f}%")
+    lines.append("xN = speed relative to polyconv-numpy (>1 is faster than polyconv-numpy); "
+                 "mem = peak extra memory / (inputs + output)")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Bar chart of GFLOP/s per case and competitor (matplotlib, generated from the JSON)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c.name for c in COMPETITORS]
+    cases = results["cases"]
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(cases) + 1.5))
+    height = 0.8 / len(names)
+    for i, n in enumerate(names):
+        ys = [j + i * height for j in range(len(cases))]
+        vals = [r["gflops"].get(n, 0.0) for r in cases]
+        ax.barh(ys, vals, height=height, label=n)
+    ax.axvline(results["matmul_gflops"], color="k", ls="--", lw=1, label="numpy f32 matmul")
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(cases))])
+    ax.set_yticklabels([r["case"] for r in cases], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("GFLOP/s (higher is better)")
+    ax.set_title(f"polyconv benchmarks on {results['machine']['cpus']} CPUs")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="polyconv bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--cases", default="", help="substring filter on case names")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    args = parser.parse_args(argv)
+
+    def log(msg: str) -> None:
+        sys.stderr.write(msg)
+        sys.stderr.flush()
+
+    selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
+    results = {"machine": machine(), "matmul_gflops": matmul_rate(), "cases": []}
+    for case in selected:
+        results["cases"].append(run_case(case, COMPETITORS, args.repeats, args.warmup, log))
+    print(format_table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
