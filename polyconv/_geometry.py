@@ -60,8 +60,9 @@ class ConvPlan:
     dtype : str or None
         Name of the common floating dtype of the inputs (``None`` from :func:`infer_shape`).
     has_bias : bool
-    precision : str or None
-        Backend precision request (JAX); ``None`` means the SPEC §5 default.
+    precision : object
+        Backend precision request, as the caller passed it (JAX normalises it);
+        ``None`` means the SPEC §5 default: full precision.
     """
 
     op: str
@@ -84,7 +85,7 @@ class ConvPlan:
     weights_format: str
     dtype: str | None = None
     has_bias: bool = False
-    precision: str | None = None
+    precision: object = None
 
     # --- derived numbers -------------------------------------------------------------------
     @property
