@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests-numpy", "tests-jax", "tests-array_api", "docs",
-                         "examples"]
+nox.options.sessions = ["lint", "tests-numpy", "tests-jax", "tests-array_api", "tests-torch",
+                         "docs", "examples"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")

@@ -188,7 +188,7 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
 
 
 def restore_type(result: Any, like: Any) -> Any:
-    """Return ``result`` in the array library of ``like`` (when a backend was forced)."""
+    """Return ``result`` in the array library of ``like``, on its device (a forced backend)."""
     if _library(result) == _library(like):
         return result
     if _library(like) == "numpy":
@@ -198,5 +198,5 @@ def restore_type(result: Any, like: Any) -> Any:
     import array_api_compat
 
     xp = array_api_compat.array_namespace(like)
-    return xp.asarray(result)
+    return xp.asarray(result, device=array_api_compat.device(like))
 
