@@ -91,3 +91,19 @@ def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark suite (not a test): writes docs/benchmarks.json for the docs page.
+
+    PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
+    """
+    session.install(".[jax]")
+    from nox.command import CommandFailed
+
+    try:
+        session.install(f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", TORCH_CPU_INDEX)
+    except CommandFailed:
+        session.log("torch is not installable here: the PyTorch peer is skipped")
+    session.run("polyconv", "bench", "--json", "docs/benchmarks.json", *session.posargs)

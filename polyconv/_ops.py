@@ -54,10 +54,9 @@ def _plan(kind: str, op: str, shapes: dict, *, strides, pads_begin, pads_end, di
 def _run(kind: str, op: str, arrays: dict[str, Any], backend, precision, **attrs):
     present = {name: x for name, x in arrays.items() if x is not None}
     dtype = check_arrays(op, present)
-    shapes = {name: tuple(x.shape) for name, x in present.items()}
-    plan = _plan(kind, op, shapes, **attrs)
-    plan = plan.with_(dtype=dtype, precision=precision)
     impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
+    shapes = {name: tuple(x.shape) for name, x in present.items()}
+    plan = _plan(kind, op, shapes, **attrs).with_(dtype=dtype, precision=precision)
     args = [arrays[name] for name in _PRIMITIVE_INPUTS[kind]]
     out = getattr(impl, plan.primitive)(plan, *args)
     return restore_type(out, next(iter(present.values())))
