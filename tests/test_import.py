@@ -1,0 +1,61 @@
+"""``import polyconv`` stays light: no jax until a JAX array or backend is used (DESIGN)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import json, sys
+import numpy as np
+import polyconv
+
+report = {"after_import": sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib"))}
+plan = polyconv.infer_shape("Convolution", (1, 5, 5, 2), (3, 3, 2, 4), strides=2,
+                            auto_pad="same_upper")
+y = polyconv.convolution(np.ones((1, 5, 5, 2), np.float32), np.ones((3, 3, 2, 4), np.float32),
+                         strides=2, auto_pad="same_upper")
+report["shape"] = list(plan.shape)
+report["y"] = [list(y.shape), str(y.dtype), type(y).__module__, float(y[0, 1, 1, 0])]
+report["available"] = list(polyconv.available_backends())
+report["registered"] = list(polyconv.registered_backends())
+report["after_call"] = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib"))
+print(json.dumps(report))
+"""
+
+
+def _run_fresh(script: str) -> dict:
+    """Run ``script`` in a fresh interpreter with the repository's import paths."""
+    paths = [str(ROOT), str(ROOT / "backends")]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    return _run_fresh(SCRIPT)
+
+
+def test_import_and_numpy_use_do_not_import_jax(report):
+    assert report["after_import"] == []
+    assert report["after_call"] == []
+    assert report["shape"] == [1, 3, 3, 4]
+    # a 3x3 all-ones window over two all-ones channels, fully inside the image: 18
+    assert report["y"] == [[1, 3, 3, 4], "float32", "numpy", 18.0]
+
+
+def test_numpy_backend_is_available(report):
+    assert "numpy" in report["available"]
+    assert set(report["available"]) <= set(report["registered"])
+    assert {"numpy", "jax", "array_api"} <= set(report["registered"])
