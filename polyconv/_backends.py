@@ -134,17 +134,21 @@ def get_backend(name: str, op: str = "polyconv") -> Backend:
     return backend
 
 
-def infer_backend(op: str, arrays: dict[str, Any]) -> str:
-    """Pick the backend from the input arrays; mixed array libraries are a ``TypeError``."""
-    libs = {name: _library(x) for name, x in arrays.items()}
-    distinct = sorted(set(libs.values()))
+def check_one_library(op: str, arrays: dict[str, Any]) -> str:
+    """The one array library of all inputs; mixed libraries are a ``TypeError``."""
+    distinct = sorted({_library(x) for x in arrays.values()})
     if len(distinct) > 1:
         described = ", ".join(f"{n}: {type(x).__module__}.{type(x).__qualname__}"
                               for n, x in arrays.items())
         msg = (f"{op}: all array inputs must come from one array library; got {described}. "
-               f"Convert them to one library first (or pass backend=...)")
+               f"Convert them to one library first")
         raise TypeError(msg)
-    lib = distinct[0]
+    return distinct[0]
+
+
+def infer_backend(op: str, arrays: dict[str, Any]) -> str:
+    """Pick the backend from the input arrays (of one library, see ``check_one_library``)."""
+    lib = check_one_library(op, arrays)
     for name, entry in _BUILTIN.items():
         if lib in entry.libraries:
             return name

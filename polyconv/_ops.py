@@ -11,7 +11,13 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ._backends import check_arrays, get_backend, infer_backend, restore_type
+from ._backends import (
+    check_arrays,
+    check_one_library,
+    get_backend,
+    infer_backend,
+    restore_type,
+)
 from ._geometry import Attrs, ConvPlan, resolve
 
 IntOrSeq = int | Sequence[int]
@@ -54,6 +60,7 @@ def _plan(kind: str, op: str, shapes: dict, *, strides, pads_begin, pads_end, di
 def _run(kind: str, op: str, arrays: dict[str, Any], backend, precision, **attrs):
     present = {name: x for name, x in arrays.items() if x is not None}
     dtype = check_arrays(op, present)
+    check_one_library(op, present)
     impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
     shapes = {name: tuple(x.shape) for name, x in present.items()}
     plan = _plan(kind, op, shapes, **attrs).with_(dtype=dtype, precision=precision)

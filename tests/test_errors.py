@@ -68,15 +68,17 @@ def _other_library(target):
 
 
 @pytest.mark.parametrize("fn", MAIN_OPS)
-def test_mixed_array_libraries(target, fn):
-    """Inputs from two array libraries (backend inferred): TypeError naming both types."""
+@pytest.mark.parametrize("forced", [False, True], ids=["inferred", "forced"])
+def test_mixed_array_libraries(target, fn, forced):
+    """Inputs from two array libraries: TypeError naming both types, even with backend=."""
     convert = _other_library(target)
     call = build_case(fn, ROW, seed=2)
     arrays = call.arrays()
     mine = target.asarray(arrays[0])
     other = convert(arrays[1])
+    backend = {"backend": target.backend} if forced else {}
     with pytest.raises(TypeError) as info:
-        getattr(polyconv, fn)(mine, other, *call.positional, **call.attrs)
+        getattr(polyconv, fn)(mine, other, *call.positional, **call.attrs, **backend)
     message = str(info.value)
     assert message.startswith(f"{fn}: ")
     for x in (mine, other):

@@ -1,196 +1,65 @@
-"""polyconv's numpy backend: direct loops over kernel taps.
+"""polyconv's numpy backend: direct loops over kernel taps, matrix products over channels.
 
-For every kernel tap (a multi-index ``k`` into the kernel) the canonical convolution reads a
-strided window of the large tensor and multiplies it, over channels, with one ``[Cb, Ca/G]``
-slice of the weights. The loops run over taps (and, inside one batched matmul, over groups) —
-never over output elements — and no im2col of the whole input is built:
+Two paths compute the same three primitives of SPEC §3:
 
-* ``forward``: ``b[win_b] += a[win_a] @ W_k``
-* ``backward_data``: ``a[win_a] += b[win_b] @ W_k^T`` (a scatter-add over taps)
-* ``backward_weights``: ``W_k = b[win_b]^T @ a[win_a]`` (summed over batch and positions)
+* :mod:`._fast` (the default): implicit GEMM on a phase grid. Each block of output rows is one
+  matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer.
+* :mod:`._exact`: per tap, one matrix product over the in-range window only. Padded positions
+  contribute no term at all, which matters only when an input holds NaN or Inf (the fast path
+  would add ``0 * inf`` terms); such calls take this path.
 
-``win_a``/``win_b`` are the in-range part of each tap's window, so padding is never
-materialised: padded positions are zeros and are skipped. Work is done channels-last (NXC)
-in float32 (float64 for float64 inputs) with one rounding to the output dtype at the end.
-Inputs are only read; the buffers written are the backend's own.
+Both work channels-last in float32 (float64 for float64 inputs), add the bias before the one
+rounding to the output dtype, and only read their inputs.
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
 
 from polyconv._geometry import ConvPlan
 
+from . import _exact, _fast
+
 __all__ = ["BACKEND", "NumpyBackend"]
 
 
-def _axis_windows(a_size: int, b_size: int, k_size: int, s: int, d: int, pb: int):
-    """Per tap of one axis: ``(b_slice, a_slice)`` of the in-range positions, or ``None``.
+def _finite(*arrays: Any) -> bool:
+    """Whether every value is finite: one summation pass, no temporary array.
 
-    Tap ``k`` pairs ``b[y]`` with ``a[y*s + k*d - pb]``; only ``0 <= y*s + k*d - pb < A``
-    contributes.
+    A sum that overflows reports ``False`` too; that only sends a call to the exact path.
     """
-    windows = []
-    for k in range(k_size):
-        off = k * d - pb
-        y_lo = max(0, -(off // s))          # smallest y with y*s + off >= 0
-        y_hi = min(b_size - 1, (a_size - 1 - off) // s)
-        if y_hi < y_lo:
-            windows.append(None)
-            continue
-        x_lo = y_lo * s + off
-        windows.append((slice(y_lo, y_hi + 1), slice(x_lo, x_lo + (y_hi - y_lo) * s + 1, s)))
-    return windows
-
-
-def _taps(plan: ConvPlan):
-    """``(k, b_index, a_index)`` for every kernel tap that touches the data."""
-    per_axis = [
-        _axis_windows(a, b, k, s, d, pb)
-        for a, b, k, s, d, pb in zip(plan.a_spatial, plan.b_spatial, plan.kernel,
-                                     plan.strides, plan.dilations, plan.pads_begin)
-    ]
-    full = slice(None)
-    for k in itertools.product(*(range(n) for n in plan.kernel)):
-        wins = [per_axis[axis][kk] for axis, kk in enumerate(k)]
-        if any(w is None for w in wins):
-            continue
-        b_index = (full, *(w[0] for w in wins), full)
-        a_index = (full, *(w[1] for w in wins), full)
-        yield k, b_index, a_index
-
-
-def _channels_last(x: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
-    """The data tensor as a C-contiguous channels-last array of the accumulation dtype."""
-    x = np.asarray(x)
-    if not plan.channels_last:
-        x = np.moveaxis(x, 1, -1)
-    return np.ascontiguousarray(x, dtype=acc)
-
-
-def _to_user_layout(y: np.ndarray, plan: ConvPlan, dtype: np.dtype) -> np.ndarray:
-    if not plan.channels_last:
-        y = np.moveaxis(y, -1, 1)
-    return np.ascontiguousarray(y, dtype=dtype)
-
-
-def _add_bias(acc: np.ndarray, bias: Any) -> None:
-    if bias is not None:
-        acc += np.asarray(bias).astype(acc.dtype, copy=False)
-
-
-class _Contraction:
-    """The per-tap channel contraction for one plan, with groups handled once.
-
-    ``w`` is the canonical ``[Cb, Ca/G, K..]`` weights. Three shapes of the same einsum
-    ``b[m, g, o] = sum_i a[m, g, i] * W[g, o, i]``: dense (G == 1, one GEMM), depthwise-like
-    (Ca/G == 1, a broadcast multiply) and grouped (one batched matmul over G).
-    """
-
-    def __init__(self, plan: ConvPlan, w: np.ndarray | None):
-        self.groups = plan.groups
-        self.ca, self.cb = plan.a_channels, plan.b_channels
-        self.cg = self.ca // self.groups          # Ca/G
-        self.og = self.cb // self.groups          # Cb/G
-        self.depthwise = self.cg == 1 and self.groups > 1
-        if w is not None:
-            g, og, cg = self.groups, self.og, self.cg
-            # [K.., G, Cb/G, Ca/G], contiguous per tap
-            self.w = np.ascontiguousarray(
-                np.moveaxis(w.reshape(g, og, cg, *plan.kernel), (0, 1, 2),
-                            (-3, -2, -1)))
-
-    # forward: [..., Ca] -> [..., Cb]
-    def forward(self, x: np.ndarray, k: tuple[int, ...]) -> np.ndarray:
-        wk = self.w[k]                                   # [G, Og, Cg]
-        lead = x.shape[:-1]
-        if self.groups == 1:
-            return (x.reshape(-1, self.ca) @ wk[0].T).reshape(*lead, self.cb)
-        if self.depthwise:
-            return (x[..., :, None] * wk[:, :, 0]).reshape(*lead, self.cb)
-        xg = x.reshape(-1, self.groups, self.cg).transpose(1, 0, 2)    # [G, M, Cg]
-        y = np.matmul(xg, wk.transpose(0, 2, 1))                        # [G, M, Og]
-        return y.transpose(1, 0, 2).reshape(*lead, self.cb)
-
-    # backward_data: [..., Cb] -> [..., Ca]
-    def backward(self, y: np.ndarray, k: tuple[int, ...]) -> np.ndarray:
-        wk = self.w[k]
-        lead = y.shape[:-1]
-        if self.groups == 1:
-            return (y.reshape(-1, self.cb) @ wk[0]).reshape(*lead, self.ca)
-        yg = y.reshape(*lead, self.groups, self.og)
-        if self.depthwise:
-            if self.og == 1:
-                return yg[..., 0] * wk[:, 0, 0]
-            return np.einsum("...go,go->...g", yg, wk[:, :, 0])
-        yg = yg.reshape(-1, self.groups, self.og).transpose(1, 0, 2)   # [G, M, Og]
-        x = np.matmul(yg, wk)                                           # [G, M, Cg]
-        return x.transpose(1, 0, 2).reshape(*lead, self.ca)
-
-    # backward_weights: [..., Ca], [..., Cb] -> [G, Og, Cg]
-    def weights(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        if self.groups == 1:
-            return (y.reshape(-1, self.cb).T @ x.reshape(-1, self.ca))[None]
-        xg = x.reshape(-1, self.groups, self.cg)
-        yg = y.reshape(-1, self.groups, self.og)
-        if self.depthwise:
-            return np.einsum("mgo,mg->go", yg, xg[:, :, 0])[:, :, None]
-        return np.matmul(yg.transpose(1, 2, 0), xg.transpose(1, 0, 2))  # [G, Og, Cg]
-
-
-def _canonical_weights(w: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
-    return np.transpose(np.asarray(w), plan.weights_perm).astype(acc)
-
-
-def _dtypes(x: Any, plan: ConvPlan) -> tuple[np.dtype, np.dtype]:
-    out = np.asarray(x).dtype
-    return out, np.dtype(plan.acc_dtype)
+    with np.errstate(all="ignore"):
+        return all(np.isfinite(np.add.reduce(np.asarray(x).ravel(), dtype=np.float64))
+                   for x in arrays)
 
 
 class NumpyBackend:
-    """The three primitives of SPEC §3 as tap loops over numpy arrays."""
+    """The three primitives of SPEC §3 on numpy arrays (see :class:`polyconv.Backend`)."""
 
     name = "numpy"
 
+    #: set to False to route every call through the exact path (tests compare the two)
+    fast = True
+
+    def _path(self, *arrays: Any):
+        return _fast if self.fast and _finite(*arrays) else _exact
+
+    # NaN/Inf propagate by design (SPEC §6): numpy's "invalid value" warnings are silenced.
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
-        out_dtype, acc = _dtypes(a, plan)
-        a_cl = _channels_last(a, plan, acc)
-        con = _Contraction(plan, _canonical_weights(w, plan, acc))
-        b = np.zeros((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)
-        for k, b_index, a_index in _taps(plan):
-            view = b[b_index]
-            view += con.forward(a_cl[a_index], k)
-        _add_bias(b, bias)
-        return _to_user_layout(b, plan, out_dtype)
+        # only 0 * w terms (padding, cropped rows) are added: a finite w keeps them exact
+        with np.errstate(invalid="ignore"):
+            return self._path(w).forward(plan, a, w, bias)
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
-        out_dtype, acc = _dtypes(b, plan)
-        b_cl = _channels_last(b, plan, acc)
-        con = _Contraction(plan, _canonical_weights(w, plan, acc))
-        a = np.zeros((plan.batch, *plan.a_spatial, plan.a_channels), dtype=acc)
-        for k, b_index, a_index in _taps(plan):
-            view = a[a_index]
-            view += con.backward(b_cl[b_index], k)
-        _add_bias(a, bias)
-        return _to_user_layout(a, plan, out_dtype)
+        with np.errstate(invalid="ignore"):
+            return self._path(w).backward_data(plan, b, w, bias)
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
-        out_dtype, acc = _dtypes(a, plan)
-        a_cl = _channels_last(a, plan, acc)
-        b_cl = _channels_last(b, plan, acc)
-        con = _Contraction(plan, None)
-        # [K.., G, Og, Cg]: zero for taps that never touch the data
-        dw = np.zeros((*plan.kernel, plan.groups, con.og, con.cg), dtype=acc)
-        for k, b_index, a_index in _taps(plan):
-            dw[k] = con.weights(a_cl[a_index], b_cl[b_index])
-        # -> canonical [Cb, Ca/G, K..] -> the user's weights format
-        nk = plan.ndim
-        canon = np.moveaxis(dw, (nk, nk + 1, nk + 2), (0, 1, 2)).reshape(plan.w_shape)
-        return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
-                                    dtype=out_dtype)
+        # here zero rows of b meet values of a, and padding zeros meet values of b
+        with np.errstate(invalid="ignore"):
+            return self._path(a, b).backward_weights(plan, a, b)
 
 
 BACKEND = NumpyBackend()

@@ -1,0 +1,40 @@
+"""Layout and dtype helpers shared by the numpy backend's two paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from polyconv._geometry import ConvPlan
+
+
+def channels_last(x: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
+    """The data tensor as a C-contiguous channels-last array of the accumulation dtype."""
+    x = np.asarray(x)
+    if not plan.channels_last:
+        x = np.moveaxis(x, 1, -1)
+    return np.ascontiguousarray(x, dtype=acc)
+
+
+def to_user_layout(y: np.ndarray, plan: ConvPlan, dtype: np.dtype) -> np.ndarray:
+    """A channels-last result in the user's data layout and dtype (one rounding)."""
+    if not plan.channels_last:
+        y = np.moveaxis(y, -1, 1)
+    return np.ascontiguousarray(y, dtype=dtype)
+
+
+def add_bias(acc: np.ndarray, bias: Any) -> None:
+    """Bias over the last (channel) axis, in the accumulation dtype, before the rounding."""
+    if bias is not None:
+        acc += np.asarray(bias).astype(acc.dtype, copy=False)
+
+
+def canonical_weights(w: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
+    """The user's weights as canonical ``[Cb, Ca/G, K..]`` in the accumulation dtype."""
+    return np.transpose(np.asarray(w), plan.weights_perm).astype(acc)
+
+
+def dtypes(x: Any, plan: ConvPlan) -> tuple[np.dtype, np.dtype]:
+    """(output dtype, accumulation dtype) of a call."""
+    return np.asarray(x).dtype, np.dtype(plan.acc_dtype)

@@ -1,0 +1,152 @@
+"""The exact path: per tap, only the in-range window of the data is read.
+
+For every kernel tap ``k`` (a multi-index into the kernel) the canonical convolution pairs
+``b[y]`` with ``a[y*s + k*d - pb]``; only the in-range part of that window is read, so padded
+positions contribute no term at all (not even ``0 * w``). This path is used when an input holds
+NaN or Inf, where ``0 * inf`` terms would change the result; it is also the reference the fast
+path is tested against.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from polyconv._geometry import ConvPlan
+
+from ._common import add_bias, canonical_weights, channels_last, dtypes, to_user_layout
+
+
+def _axis_windows(a_size: int, b_size: int, k_size: int, s: int, d: int, pb: int):
+    """Per tap of one axis: ``(b_slice, a_slice)`` of the in-range positions, or ``None``.
+
+    Tap ``k`` pairs ``b[y]`` with ``a[y*s + k*d - pb]``; only ``0 <= y*s + k*d - pb < A``
+    contributes.
+    """
+    windows = []
+    for k in range(k_size):
+        off = k * d - pb
+        y_lo = max(0, -(off // s))          # smallest y with y*s + off >= 0
+        y_hi = min(b_size - 1, (a_size - 1 - off) // s)
+        if y_hi < y_lo:
+            windows.append(None)
+            continue
+        x_lo = y_lo * s + off
+        windows.append((slice(y_lo, y_hi + 1), slice(x_lo, x_lo + (y_hi - y_lo) * s + 1, s)))
+    return windows
+
+
+def _taps(plan: ConvPlan):
+    """``(k, b_index, a_index)`` for every kernel tap that touches the data."""
+    per_axis = [
+        _axis_windows(a, b, k, s, d, pb)
+        for a, b, k, s, d, pb in zip(plan.a_spatial, plan.b_spatial, plan.kernel,
+                                     plan.strides, plan.dilations, plan.pads_begin)
+    ]
+    full = slice(None)
+    for k in itertools.product(*(range(n) for n in plan.kernel)):
+        wins = [per_axis[axis][kk] for axis, kk in enumerate(k)]
+        if any(w is None for w in wins):
+            continue
+        b_index = (full, *(w[0] for w in wins), full)
+        a_index = (full, *(w[1] for w in wins), full)
+        yield k, b_index, a_index
+
+
+class _Contraction:
+    """The per-tap channel contraction for one plan, with groups handled once.
+
+    ``w`` is the canonical ``[Cb, Ca/G, K..]`` weights. Three shapes of the same einsum
+    ``b[m, g, o] = sum_i a[m, g, i] * W[g, o, i]``: dense (G == 1, one GEMM), depthwise-like
+    (Ca/G == 1, a broadcast multiply) and grouped (one batched matmul over G).
+    """
+
+    def __init__(self, plan: ConvPlan, w: np.ndarray | None):
+        self.groups = plan.groups
+        self.ca, self.cb = plan.a_channels, plan.b_channels
+        self.cg = self.ca // self.groups          # Ca/G
+        self.og = self.cb // self.groups          # Cb/G
+        self.depthwise = self.cg == 1 and self.groups > 1
+        if w is not None:
+            g, og, cg = self.groups, self.og, self.cg
+            # [K.., G, Cb/G, Ca/G], contiguous per tap
+            self.w = np.ascontiguousarray(
+                np.moveaxis(w.reshape(g, og, cg, *plan.kernel), (0, 1, 2),
+                            (-3, -2, -1)))
+
+    # forward: [..., Ca] -> [..., Cb]
+    def forward(self, x: np.ndarray, k: tuple[int, ...]) -> np.ndarray:
+        wk = self.w[k]                                   # [G, Og, Cg]
+        lead = x.shape[:-1]
+        if self.groups == 1:
+            return (x.reshape(-1, self.ca) @ wk[0].T).reshape(*lead, self.cb)
+        if self.depthwise:
+            return (x[..., :, None] * wk[:, :, 0]).reshape(*lead, self.cb)
+        xg = x.reshape(-1, self.groups, self.cg).transpose(1, 0, 2)    # [G, M, Cg]
+        y = np.matmul(xg, wk.transpose(0, 2, 1))                        # [G, M, Og]
+        return y.transpose(1, 0, 2).reshape(*lead, self.cb)
+
+    # backward_data: [..., Cb] -> [..., Ca]
+    def backward(self, y: np.ndarray, k: tuple[int, ...]) -> np.ndarray:
+        wk = self.w[k]
+        lead = y.shape[:-1]
+        if self.groups == 1:
+            return (y.reshape(-1, self.cb) @ wk[0]).reshape(*lead, self.ca)
+        yg = y.reshape(*lead, self.groups, self.og)
+        if self.depthwise:
+            if self.og == 1:
+                return yg[..., 0] * wk[:, 0, 0]
+            return np.einsum("...go,go->...g", yg, wk[:, :, 0])
+        yg = yg.reshape(-1, self.groups, self.og).transpose(1, 0, 2)   # [G, M, Og]
+        x = np.matmul(yg, wk)                                           # [G, M, Cg]
+        return x.transpose(1, 0, 2).reshape(*lead, self.ca)
+
+    # backward_weights: [..., Ca], [..., Cb] -> [G, Og, Cg]
+    def weights(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        if self.groups == 1:
+            return (y.reshape(-1, self.cb).T @ x.reshape(-1, self.ca))[None]
+        xg = x.reshape(-1, self.groups, self.cg)
+        yg = y.reshape(-1, self.groups, self.og)
+        if self.depthwise:
+            return np.einsum("mgo,mg->go", yg, xg[:, :, 0])[:, :, None]
+        return np.matmul(yg.transpose(1, 2, 0), xg.transpose(1, 0, 2))  # [G, Og, Cg]
+
+
+def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    a_cl = channels_last(a, plan, acc)
+    con = _Contraction(plan, canonical_weights(w, plan, acc))
+    b = np.zeros((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)
+    for k, b_index, a_index in _taps(plan):
+        view = b[b_index]
+        view += con.forward(a_cl[a_index], k)
+    add_bias(b, bias)
+    return to_user_layout(b, plan, out_dtype)
+
+def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(b, plan)
+    b_cl = channels_last(b, plan, acc)
+    con = _Contraction(plan, canonical_weights(w, plan, acc))
+    a = np.zeros((plan.batch, *plan.a_spatial, plan.a_channels), dtype=acc)
+    for k, b_index, a_index in _taps(plan):
+        view = a[a_index]
+        view += con.backward(b_cl[b_index], k)
+    add_bias(a, bias)
+    return to_user_layout(a, plan, out_dtype)
+
+def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    a_cl = channels_last(a, plan, acc)
+    b_cl = channels_last(b, plan, acc)
+    con = _Contraction(plan, None)
+    # [K.., G, Og, Cg]: zero for taps that never touch the data
+    dw = np.zeros((*plan.kernel, plan.groups, con.og, con.cg), dtype=acc)
+    for k, b_index, a_index in _taps(plan):
+        dw[k] = con.weights(a_cl[a_index], b_cl[b_index])
+    # -> canonical [Cb, Ca/G, K..] -> the user's weights format
+    nk = plan.ndim
+    canon = np.moveaxis(dw, (nk, nk + 1, nk + 2), (0, 1, 2)).reshape(plan.w_shape)
+    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
+                                dtype=out_dtype)

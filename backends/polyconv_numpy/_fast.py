@@ -1,0 +1,240 @@
+"""The fast path: implicit GEMM on a phase grid, in cache-sized chunks of rows.
+
+The canonical convolution (SPEC §3) pairs ``b[y]`` with ``a[y*s + k*d - pb]`` for each kernel
+tap ``k``. Split the zero-padded large tensor into its ``s`` *phases* per axis
+(``phase_r[i] = a_pad[i*s + r]``): tap ``k`` reads phase ``r = (k*d) % s`` at offset
+``q = (k*d) // s``, with unit stride. Lay the phases and the small tensor on one grid
+``[N, P.., C]`` (``P >= B + max q``) and flatten ``[N, P..]`` into rows: every tap becomes a
+fixed *row offset*, and a block of output rows is one matrix product of the taps' shifted row
+blocks, concatenated along channels, with the taps' weights stacked to match::
+
+    forward           b[j]    = [a_r(t)[j + off_t] for t] @ W_fwd           (all taps)
+    backward_data     a_r[j]  = [b[j - off_t] for t in taps of phase r] @ W_bwd_r
+    backward_weights  W      += b[j]^T @ [a_r(t)[j + off_t] for t]
+
+Each block of rows is gathered into one small buffer (a few MB, so it stays in cache) and
+multiplied once: no Python loop over output elements, no im2col of the whole input, one write of
+each output row. Grid cells outside the data are zeros or are cropped, which is exact for
+finite inputs; ``0 * inf`` would not be, so the backend routes non-finite inputs to
+:mod:`polyconv_numpy._exact`. Groups are a batched matmul over ``G``; one input channel per
+group (depthwise) is a broadcast multiply-add per tap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from polyconv._geometry import ConvPlan
+
+from ._common import add_bias, canonical_weights, channels_last, dtypes, to_user_layout
+
+_BLOCK_BYTES = 1 << 21   # target size of one gathered block of rows
+
+
+class _Grid:
+    """Phase-grid geometry: grid sizes, and each tap's phase and row offset."""
+
+    def __init__(self, plan: ConvPlan):
+        self.plan = plan
+        s, d, k = plan.strides, plan.dilations, plan.kernel
+        q_max = [((kk - 1) * dd) // ss for kk, dd, ss in zip(k, d, s)]
+        self.p = tuple(max(-(-(a + pb) // ss), b + qm)
+                       for a, b, pb, ss, qm in zip(plan.a_spatial, plan.b_spatial,
+                                                   plan.pads_begin, s, q_max))
+        self.rows = plan.batch * math.prod(self.p)
+        row_strides = [math.prod(self.p[i + 1:]) for i in range(plan.ndim)]
+        #: (phase, row offset) per tap, taps in kernel row-major order
+        self.taps: list[tuple[tuple[int, ...], int]] = []
+        for kk in itertools.product(*(range(n) for n in k)):
+            phase = tuple((ki * di) % si for ki, di, si in zip(kk, d, s))
+            off = sum(((ki * di) // si) * st for ki, di, si, st in zip(kk, d, s, row_strides))
+            self.taps.append((phase, off))
+        self.margin = max(off for _, off in self.taps)
+        self.phases: dict[tuple[int, ...], list[int]] = {}
+        for t, (phase, _) in enumerate(self.taps):
+            self.phases.setdefault(phase, []).append(t)
+
+    def _window(self, phase: tuple[int, ...]):
+        """``(grid index, large-tensor index)`` of a phase's in-range cells, or ``None``."""
+        plan = self.plan
+        grid_idx, a_idx = [slice(None)], [slice(None)]
+        for r, p, a, s, pb in zip(phase, self.p, plan.a_spatial, plan.strides,
+                                  plan.pads_begin):
+            off = r - pb                        # phase cell i holds a[i*s + off]
+            i_lo = max(0, -(off // s))
+            i_hi = min(p - 1, (a - 1 - off) // s)
+            if i_hi < i_lo:
+                return None
+            x_lo = i_lo * s + off
+            grid_idx.append(slice(i_lo, i_hi + 1))
+            a_idx.append(slice(x_lo, x_lo + (i_hi - i_lo) * s + 1, s))
+        return (*grid_idx, slice(None)), (*a_idx, slice(None))
+
+    def split(self, a_cl: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:
+        """Phases of the padded large tensor: ``[rows + margin, Ca]`` each (zero tail)."""
+        out = {}
+        for phase in self.phases:
+            rows = np.zeros((self.rows + self.margin, a_cl.shape[-1]), dtype=a_cl.dtype)
+            win = self._window(phase)
+            if win is not None:
+                grid = rows[: self.rows].reshape(self.plan.batch, *self.p, -1)
+                grid[win[0]] = a_cl[win[1]]
+            out[phase] = rows
+        return out
+
+    def merge(self, phases: dict[tuple[int, ...], np.ndarray], channels: int,
+              dtype: np.dtype) -> np.ndarray:
+        """The large tensor ``[N, A.., C]`` from per-phase rows (unreached phases are 0)."""
+        plan = self.plan
+        a = np.zeros((plan.batch, *plan.a_spatial, channels), dtype=dtype)
+        for phase, rows in phases.items():
+            win = self._window(phase)
+            if win is not None:
+                a[win[1]] = rows[: self.rows].reshape(plan.batch, *self.p, channels)[win[0]]
+        return a
+
+    def embed(self, b_cl: np.ndarray, lead: int) -> np.ndarray:
+        """The small tensor on the grid after ``lead`` zero rows: ``[lead + rows, Cb]``."""
+        rows = np.zeros((lead + self.rows, b_cl.shape[-1]), dtype=b_cl.dtype)
+        grid = rows[lead:].reshape(self.plan.batch, *self.p, -1)
+        grid[self.small_index] = b_cl
+        return rows
+
+    def crop(self, b_rows: np.ndarray) -> np.ndarray:
+        """The ``[N, B.., Cb]`` part of small-tensor rows on the grid."""
+        return b_rows.reshape(self.plan.batch, *self.p, -1)[self.small_index]
+
+    @property
+    def small_index(self):
+        return (slice(None), *(slice(0, b) for b in self.plan.b_spatial), slice(None))
+
+
+def _blocks(rows: int, row_bytes: int):
+    step = max(256, _BLOCK_BYTES // max(row_bytes, 1))
+    for j0 in range(0, rows, step):
+        yield j0, min(rows, j0 + step)
+
+
+class _Channels:
+    """Channel bookkeeping of one plan: ``G`` groups of ``Cg`` (a side) and ``Og`` (b side)."""
+
+    def __init__(self, plan: ConvPlan):
+        self.g = plan.groups
+        self.cg = plan.a_channels // self.g
+        self.og = plan.b_channels // self.g
+        self.depthwise = self.cg == 1 and self.g > 1
+
+    def weights4(self, w: np.ndarray) -> np.ndarray:
+        """Canonical ``[Cb, Cg, K..]`` -> ``[G, Og, Cg, T]`` (taps in row-major order)."""
+        return w.reshape(self.g, self.og, self.cg, -1)
+
+    def gather(self, sources, j0: int, j1: int, dtype) -> np.ndarray:
+        """``[G, n, len(sources), C/G]``: the row blocks ``src[j0 + o : j1 + o]``, grouped."""
+        n = j1 - j0
+        first = sources[0][0]
+        c = first.shape[-1] // self.g
+        buf = np.empty((self.g, n, len(sources), c), dtype=dtype)
+        for i, (src, off) in enumerate(sources):
+            block = src[j0 + off: j1 + off]
+            if self.g == 1:
+                buf[0, :, i, :] = block
+            else:
+                buf[:, :, i, :] = block.reshape(n, self.g, c).transpose(1, 0, 2)
+        return buf
+
+
+def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    grid, ch = _Grid(plan), _Channels(plan)
+    w4 = ch.weights4(canonical_weights(w, plan, acc))            # [G, Og, Cg, T]
+    phases = grid.split(channels_last(a, plan, acc))
+    sources = [(phases[phase], off) for phase, off in grid.taps]
+    b = np.empty((grid.rows, plan.b_channels), dtype=acc)
+    if ch.depthwise:
+        w_t = np.ascontiguousarray(w4[:, :, 0, :].transpose(2, 0, 1))    # [T, G, Og]
+        for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
+            out = b[j0:j1].reshape(j1 - j0, ch.g, ch.og)
+            out[...] = 0
+            for (src, off), wt in zip(sources, w_t):
+                out += src[j0 + off: j1 + off, :, None] * wt
+    else:
+        t = len(sources)
+        # [G, T*Cg, Og]: taps stacked along the contraction, matching gather()
+        wcat = np.ascontiguousarray(w4.transpose(0, 3, 2, 1)).reshape(ch.g, t * ch.cg, ch.og)
+        for j0, j1 in _blocks(grid.rows, t * plan.a_channels * acc.itemsize):
+            buf = ch.gather(sources, j0, j1, acc).reshape(ch.g, j1 - j0, t * ch.cg)
+            if ch.g == 1:
+                np.matmul(buf[0], wcat[0], out=b[j0:j1])
+            else:
+                b[j0:j1].reshape(j1 - j0, ch.g, ch.og)[...] = np.matmul(
+                    buf, wcat).transpose(1, 0, 2)
+    b = grid.crop(b)
+    add_bias(b, bias)
+    return to_user_layout(b, plan, out_dtype)
+
+
+def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(b, plan)
+    grid, ch = _Grid(plan), _Channels(plan)
+    w4 = ch.weights4(canonical_weights(w, plan, acc))            # [G, Og, Cg, T]
+    lead = grid.margin
+    b_rows = grid.embed(channels_last(b, plan, acc), lead)
+    phases = {}
+    for phase, taps in grid.phases.items():
+        sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
+        rows = np.empty((grid.rows, plan.a_channels), dtype=acc)
+        if ch.depthwise:
+            w_t = np.ascontiguousarray(w4[:, :, 0, taps].transpose(2, 0, 1))  # [n, G, Og]
+            for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
+                out = rows[j0:j1]
+                out[...] = 0
+                for (src, off), wt in zip(sources, w_t):
+                    blk = src[j0 + off: j1 + off].reshape(j1 - j0, ch.g, ch.og)
+                    out += blk[:, :, 0] * wt[:, 0] if ch.og == 1 else np.einsum(
+                        "ngo,go->ng", blk, wt)
+        else:
+            n = len(taps)
+            # [G, n*Og, Cg]: this phase's taps stacked along the contraction
+            wcat = np.ascontiguousarray(w4[..., taps].transpose(0, 3, 1, 2)).reshape(
+                ch.g, n * ch.og, ch.cg)
+            for j0, j1 in _blocks(grid.rows, n * plan.b_channels * acc.itemsize):
+                buf = ch.gather(sources, j0, j1, acc).reshape(ch.g, j1 - j0, n * ch.og)
+                if ch.g == 1:
+                    np.matmul(buf[0], wcat[0], out=rows[j0:j1])
+                else:
+                    rows[j0:j1].reshape(j1 - j0, ch.g, ch.cg)[...] = np.matmul(
+                        buf, wcat).transpose(1, 0, 2)
+        phases[phase] = rows
+    a = grid.merge(phases, plan.a_channels, acc)
+    add_bias(a, bias)
+    return to_user_layout(a, plan, out_dtype)
+
+
+def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    grid, ch = _Grid(plan), _Channels(plan)
+    phases = grid.split(channels_last(a, plan, acc))
+    b_rows = grid.embed(channels_last(b, plan, acc), 0)
+    sources = [(phases[phase], off) for phase, off in grid.taps]
+    t = len(sources)
+    if ch.depthwise:
+        dw = np.zeros((t, ch.g, ch.og), dtype=acc)
+        for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
+            blk = b_rows[j0:j1].reshape(j1 - j0, ch.g, ch.og)
+            for i, (src, off) in enumerate(sources):
+                dw[i] += np.einsum("ngo,ng->go", blk, src[j0 + off: j1 + off])
+        w4 = dw.transpose(1, 2, 0)[:, :, None, :]                    # [G, Og, 1, T]
+    else:
+        dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
+        for j0, j1 in _blocks(grid.rows, t * plan.a_channels * acc.itemsize):
+            buf = ch.gather(sources, j0, j1, acc).reshape(ch.g, j1 - j0, t * ch.cg)
+            blk = b_rows[j0:j1].reshape(j1 - j0, ch.g, ch.og).transpose(1, 2, 0)
+            dwcat += np.matmul(blk, buf)
+        w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)  # [G, Og, Cg, T]
+    canon = w4.reshape(plan.w_shape)
+    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
+                                dtype=out_dtype)

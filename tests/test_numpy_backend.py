@@ -1,0 +1,52 @@
+"""The numpy backend's two paths: the exact path, forced, over the whole grid.
+
+The backend computes finite inputs on its fast path (implicit GEMM on a phase grid) and
+routes non-finite ones to its exact path (in-range windows only). The shared matrix exercises
+the fast path; here the exact path runs the same grid against the oracle, and both paths must
+agree on inputs where NaN/Inf meet no padding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_matrix import GRID, check_case
+
+import polyconv
+
+polyconv_numpy = pytest.importorskip("polyconv_numpy")
+
+
+@pytest.fixture
+def exact_path(monkeypatch):
+    monkeypatch.setattr(polyconv_numpy.BACKEND, "fast", False)
+
+
+@pytest.fixture
+def numpy_target():
+    from conftest import TARGETS
+
+    return next(t for t in TARGETS if t.name == "numpy")
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: c.label)
+def test_exact_path_grid(exact_path, numpy_target, case):
+    check_case(numpy_target, case)
+
+
+@pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
+def test_nonfinite_input_takes_the_exact_path(op):
+    # an inf in the data (not in the weights): the fast path is exact here too, and both
+    # must give inf exactly where the poisoned element is read and finite values elsewhere
+    x = np.ones((1, 6, 2), np.float32)
+    x[0, 2, 0] = np.inf
+    w = np.ones((3, 2, 2), np.float32)
+    fn = getattr(polyconv, op)
+    y = fn(x, w, strides=2, pads_begin=1, pads_end=1)
+    polyconv_numpy.BACKEND.fast = False
+    try:
+        y_exact = fn(x, w, strides=2, pads_begin=1, pads_end=1)
+    finally:
+        polyconv_numpy.BACKEND.fast = True
+    np.testing.assert_array_equal(y, y_exact)
+    assert np.isinf(y).any() and np.isfinite(y).any()
