@@ -74,6 +74,24 @@ def _generate(app) -> None:
         target = out / f"{name}.txt"
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
+    _benchmarks(out)
+
+
+def _benchmarks(out: Path) -> None:
+    """The benchmark page's table and plot, drawn from the committed ``benchmarks.json``."""
+    import json
+
+    from polyconv.benchmarks.suite import format_markdown, plot
+
+    source = DOCS / "benchmarks.json"
+    if not source.exists():
+        (out / "bench_table.md").write_text(
+            "No results yet: run `nox -s bench` to measure this machine.\n")
+        return
+    results = json.loads(source.read_text())
+    plot(results, out / "bench.png")
+    (out / "bench_table.md").write_text(
+        format_markdown(results) + "\n![GFLOP/s per case and competitor](bench.png)\n")
 
 
 def setup(app):

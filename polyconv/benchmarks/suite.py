@@ -356,6 +356,34 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(results: dict[str, Any]) -> str:
+    """The results as a Markdown table (medians in ms, and speed relative to polyconv-numpy)."""
+    names = [c.name for c in COMPETITORS]
+    m = results["machine"]
+    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, numpy "
+             f"{m['numpy']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
+             + f"; numpy float32 matmul rate {results['matmul_gflops']:.0f} GFLOP/s.", "",
+             "| case | " + " | ".join(names) + " | numpy GFLOP/s (% of matmul) "
+             "| numpy peak extra memory |",
+             "|---|" + "---|" * (len(names) + 2)]
+    for r in results["cases"]:
+        cells = []
+        for n in names:
+            if n in r["median_s"]:
+                cells.append(f"{r['median_s'][n] * 1e3:.2f} ms (x{r['speed_vs_numpy'][n]:.2f})")
+            else:
+                cells.append("skipped")
+        g = r["gflops"].get(BASELINE, 0.0)
+        mem = r["numpy_peak_extra_memory_ratio"]
+        lines.append(f"| {r['case']} | " + " | ".join(cells)
+                     + f" | {g:.1f} ({g / results['matmul_gflops'] * 100:.0f}%) | "
+                     + (f"{mem:.2f}x |" if mem is not None else "n/a |"))
+    lines += ["", "x*N*: speed relative to polyconv-numpy in the same run (above 1 is faster). "
+              "Peak extra memory: the largest numpy allocation during a call, over the bytes "
+              "of its inputs and output."]
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Bar chart of GFLOP/s per case and competitor (matplotlib, generated from the JSON)."""
     import matplotlib
