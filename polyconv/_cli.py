@@ -23,6 +23,7 @@ from ._compare import (
     _shape_str,
     compare,
     format_table,
+    numpy_dtype,
     resolve_op,
     trim,
 )
@@ -463,16 +464,6 @@ def derive_inputs(name: str, attrs: dict[str, Any], given: dict[str, Any], *,
     return shapes, attrs
 
 
-def _numpy_dtype(name: str):
-    import numpy as np
-
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
 @dataclass(frozen=True)
 class Job:
     """One op on one set of input shapes; run once per dtype."""
@@ -520,7 +511,7 @@ def _make_inputs(job: Job, dtype: str, rng) -> list[Any]:
         if value is None or role in ("dst_shape", "weights_shape"):
             out.append(value)
         else:
-            out.append(rng.uniform(-1.0, 1.0, size=value).astype(_numpy_dtype(dtype)))
+            out.append(rng.uniform(-1.0, 1.0, size=value).astype(numpy_dtype(dtype)))
     return trim(out)
 
 

@@ -425,6 +425,15 @@ def _numpy_f64(y: Any) -> np.ndarray:
     return np.asarray(y).astype(np.float64)
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a dtype name (``bfloat16`` is ``ml_dtypes.bfloat16``)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def _eps(dtype: str) -> float:
     if dtype == "bfloat16":
         import ml_dtypes

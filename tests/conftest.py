@@ -18,18 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from oracle import numpy_dtype
 
 import polyconv
 
 ALL_DTYPES = ("float32", "float16", "bfloat16", "float64")
-
-
-def _numpy_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 @dataclass(frozen=True)
@@ -65,7 +58,7 @@ class Target:
         if self.library == "torch":
             import torch
 
-            if x.dtype == _numpy_dtype("bfloat16"):
+            if x.dtype == numpy_dtype("bfloat16"):
                 return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
             return torch.from_numpy(np.array(x, copy=True))
         return self.xp.asarray(x)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from oracle import numpy_dtype
 
 import polyconv
 from polyconv._backends import infer_backend
@@ -28,14 +29,6 @@ array_api_compat = pytest.importorskip("array_api_compat")
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
-
-
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,7 +66,7 @@ class Lib:
         if self.module == "torch":
             import torch
 
-            if x.dtype == _np_dtype("bfloat16"):
+            if x.dtype == numpy_dtype("bfloat16"):
                 t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
             else:
                 t = torch.from_numpy(np.array(x, copy=True))
@@ -172,7 +165,7 @@ CASE_IDS = [c[0] for c in CASES]
 def _inputs(shapes, dtype: str, seed: int = 0) -> list[np.ndarray]:
     """Random inputs rounded to ``dtype`` (as numpy arrays)."""
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s).astype(_np_dtype(dtype)) for s in shapes]
+    return [rng.standard_normal(s).astype(numpy_dtype(dtype)) for s in shapes]
 
 
 def _numpy_backend_or_skip():

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 import polyconv
+from polyconv._compare import numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,9 @@ CASES: tuple[Case, ...] = (
 # competitors
 # --------------------------------------------------------------------------------------------
 
-def _np_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(name)
-
-
 def _inputs(case: Case, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s, dtype=np.float32).astype(_np_dtype(case.dtype))
+    return [rng.standard_normal(s, dtype=np.float32).astype(numpy_dtype(case.dtype))
             for s in case.shapes]
 
 
