@@ -9,12 +9,15 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 
 
+def channels_last_view(x: Any, plan: ConvPlan) -> np.ndarray:
+    """The data tensor as a channels-last view (no copy)."""
+    x = np.asarray(x)
+    return x if plan.channels_last else np.moveaxis(x, 1, -1)
+
+
 def channels_last(x: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
     """The data tensor as a C-contiguous channels-last array of the accumulation dtype."""
-    x = np.asarray(x)
-    if not plan.channels_last:
-        x = np.moveaxis(x, 1, -1)
-    return np.ascontiguousarray(x, dtype=acc)
+    return np.ascontiguousarray(channels_last_view(x, plan), dtype=acc)
 
 
 def to_user_layout(y: np.ndarray, plan: ConvPlan, dtype: np.dtype) -> np.ndarray:
