@@ -13,6 +13,7 @@ import pytest
 from test_matrix import GRID, check_case
 
 import polyconv
+from polyconv.benchmarks.suite import CASES
 
 polyconv_numpy = pytest.importorskip("polyconv_numpy")
 
@@ -50,3 +51,26 @@ def test_nonfinite_input_takes_the_exact_path(op):
         polyconv_numpy.BACKEND.fast = True
     np.testing.assert_array_equal(y, y_exact)
     assert np.isinf(y).any() and np.isfinite(y).any()
+
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
+                         ids=lambda c: c.name)
+def test_peak_memory_at_most_twice_inputs_and_output(case):
+    # issue 6's bound on the benchmark cases: no im2col of the whole input, no full-size
+    # float32 copies of 2-byte tensors (tracemalloc sees every numpy buffer: a count, not a
+    # timing)
+    import tracemalloc
+
+    from polyconv._compare import numpy_dtype
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(numpy_dtype(case.dtype)) for s in case.shapes]
+    fn = getattr(polyconv, case.op)
+    tracemalloc.start()
+    try:
+        y = fn(*arrays, *case.extra, **case.attrs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 2 * (sum(a.nbytes for a in arrays) + y.nbytes)
