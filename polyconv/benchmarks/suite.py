@@ -314,10 +314,22 @@ def run_case(case: Case, competitors, repeats: int, warmup: int, log) -> dict[st
     }
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (``platform.processor()`` is empty on Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, Any]:
     import os
 
-    info = {"platform": platform.platform(), "processor": platform.processor(),
+    info = {"platform": platform.platform(), "processor": _cpu_model(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
             "numpy": np.__version__, "polyconv": polyconv.__version__}
     for mod in ("jax", "torch"):
@@ -353,7 +365,8 @@ def format_markdown(results: dict[str, Any]) -> str:
     """The results as a Markdown table (medians in ms, and speed relative to polyconv-numpy)."""
     names = [c.name for c in COMPETITORS]
     m = results["machine"]
-    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, numpy "
+    cpu = f" ({m['processor']})" if m.get("processor") else ""
+    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs{cpu}, Python {m['python']}, numpy "
              f"{m['numpy']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
              + f"; numpy float32 matmul rate {results['matmul_gflops']:.0f} GFLOP/s.", "",
              "| case | " + " | ".join(names) + " | numpy GFLOP/s (% of matmul) "
