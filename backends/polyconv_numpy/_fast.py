@@ -239,11 +239,17 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
             w_t = np.ascontiguousarray(w4[:, :, 0, taps].transpose(2, 0, 1))  # [n, G, Og]
             for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
                 out = rows[j0:j1]
+                if ch.og == 1:      # one multiply-add per tap, into a reused buffer
+                    tmp = np.empty_like(out)
+                    for i, ((src, off), wt) in enumerate(zip(sources, w_t[:, :, 0])):
+                        np.multiply(src[j0 + off: j1 + off], wt, out=out if i == 0 else tmp)
+                        if i:
+                            out += tmp
+                    continue
                 out[...] = 0
                 for (src, off), wt in zip(sources, w_t):
                     blk = src[j0 + off: j1 + off].reshape(j1 - j0, ch.g, ch.og)
-                    out += blk[:, :, 0] * wt[:, 0] if ch.og == 1 else np.einsum(
-                        "ngo,go->ng", blk, wt)
+                    out += np.einsum("ngo,go->ng", blk, wt)
         else:
             n = len(taps)
             # [G, n*Og, Cg]: this phase's taps stacked along the contraction
