@@ -331,3 +331,26 @@ def test_backends_copes_with_a_missing_backend(capsys, monkeypatch):
     assert code == 0
     ghost = {b["name"]: b for b in json.loads(out)}["ghost"]
     assert ghost["available"] is False and ghost["devices"] is None
+
+
+def test_bench_smoke(tmp_path, capsys):
+    # the suite runs end to end (one round, one case) and writes its JSON; timings are not
+    # asserted, only the structure and the arithmetic relating its fields
+    from polyconv.benchmarks import suite
+
+    out = tmp_path / "bench.json"
+    assert suite.main(["--repeats", "1", "--warmup", "0", "--settle", "0",
+                       "--cases", "depthwise", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["machine"]["cpus"] >= 1 and results["matmul_gflops"] > 0
+    (case,) = results["cases"]
+    assert case["case"] == "ConvTranspose 2D depthwise g64"
+    times = case["median_s"]
+    assert times["polyconv-numpy"] > 0
+    for name, t in times.items():
+        assert case["speed_vs_numpy"][name] == pytest.approx(times["polyconv-numpy"] / t)
+        assert case["gflops"][name] == pytest.approx(case["gflop"] / t)
+    assert set(times) | set(case["skipped"]) == {c.name for c in suite.COMPETITORS}
+    assert 0 < case["numpy_peak_extra_memory_ratio"] <= 2
+    assert "ConvTranspose 2D depthwise g64" in capsys.readouterr().out
+    assert "depthwise" in suite.format_markdown(results)

@@ -266,7 +266,8 @@ def peak_extra_memory(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
-def run_case(case: Case, competitors, repeats: int, warmup: int, log) -> dict[str, Any]:
+def run_case(case: Case, competitors, repeats: int, warmup: int, log,
+             settle: float = 0.0) -> dict[str, Any]:
     arrays = _inputs(case)
     fns: dict[str, Callable[[], Any]] = {}
     skipped: dict[str, str] = {}
@@ -292,6 +293,9 @@ def run_case(case: Case, competitors, repeats: int, warmup: int, log) -> dict[st
         if r % 2:
             order.reverse()          # interleaved, alternating order
         for name, fn in order:
+            # let the previous competitor's thread pool go idle: BLAS and XLA workers spin
+            # for a while after a call, which would tax whoever runs next
+            time.sleep(settle)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
@@ -422,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cases", default="", help="substring filter on case names")
+    parser.add_argument("--settle", type=float, default=0.2,
+                        help="seconds of idle time before each timed call (default 0.2)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     args = parser.parse_args(argv)
@@ -433,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
     results = {"machine": machine(), "matmul_gflops": matmul_rate(), "cases": []}
     for case in selected:
-        results["cases"].append(run_case(case, COMPETITORS, args.repeats, args.warmup, log))
+        results["cases"].append(run_case(case, COMPETITORS, args.repeats, args.warmup, log,
+                                           args.settle))
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
