@@ -751,6 +751,13 @@ def test_force_lowering_reaches_xla():
         with polyconv_jax.force_lowering(backward_data=lowering):
             text = hlo(2)
             assert not _convolutions(text) and "stablehlo.dot_general" in text
+    with polyconv_jax.force_lowering(backward_data="phases_folded"):
+        # one stride-1 convolution per phase of the second axis per phase of the first (2-D:
+        # 1-D convolutions over the merged rows), none lhs-dilated, no matrix product
+        text = hlo(2)
+        convs = _convolutions(text)
+        assert len(convs) == 4 and not _lhs_dilated(text) and "dot_general" not in text
+        assert all("dim_numbers = [b, 0, f]x[i, o, 0]->[b, 0, f]" in c for c in convs)
     with polyconv_jax.force_lowering(backward_data="grouped"):   # one product per group
         text = hlo(2)
         assert not _lhs_dilated(text)
@@ -804,7 +811,10 @@ def test_default_lowering_choice():
     assert choose(plan((8, 32, 32, 64), (3, 3, 8, 64), strides=2, groups=8)) == "grouped"
     assert choose(plan((2, 8, 8, 512), (3, 3, 1, 512), strides=2, groups=64)) == "phases_matmul"
     assert choose(plan((8, 32, 32, 64), (2, 2, 64, 64), strides=2)) == "phases_matmul"
-    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases_matmul"
+    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases_folded"
+    assert choose(plan((2, 16, 16, 16, 16), (3, 3, 3, 16, 16), strides=2)) == "phases_matmul"
+    assert choose(plan((2, 16, 16, 16, 32), (4, 4, 4, 32, 32), strides=2)) == "phases_folded"
+    assert choose(plan((2, 4, 4, 4, 4, 32), (3, 3, 3, 3, 32, 32), strides=2)) == "phases_matmul"
     assert choose(plan((8, 32, 32, 16), (4, 4, 16, 16), strides=2)) == "subpixel_matmul"
     assert choose(plan((4, 4000, 256), (16, 128, 256), strides=8)) == "subpixel"
     for src, w, s in (((8, 32, 32, 64), (3, 3, 64, 64), 2), ((4, 4000, 256), (16, 128, 256), 8),

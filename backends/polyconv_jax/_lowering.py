@@ -44,6 +44,11 @@ lowerings (:data:`BACKWARD_DATA`):
                      ``d/gcd(d, s)``).
 ``phases_matmul``    the same phases as matrix products: patches of the phase's shifted
                      windows of ``b`` (``T_r`` times ``b``'s memory) times ``[T_r*Cb/G, Ca/G]``.
+``phases_folded``    the phases again, with the first axis's taps stacked along channels
+                     (patches of that axis only, ``T0`` times ``b``) and the other axes'
+                     taps as one stride-1 convolution per phase over the first two axes
+                     merged into one (rows whose window straddles two rows are computed
+                     and cropped): 3-D becomes 2-D convolutions, 2-D becomes 1-D ones.
 ``subpixel``         one stride-1 convolution into ``prod(s)*Ca`` channels with the union
                      window of all phases (missing taps are zeros), then depth-to-space.
 ``subpixel_matmul``  the same as one matrix product per group.
@@ -86,7 +91,46 @@ hand-written lhs-dilated call (what ``direct`` emits), torch is PyTorch's
     3D groups 16               4.61 1221.38      -   31.00      -  19.00~ 14.29*   28.62
 
 (Timings on this shared machine move by 10-30% between runs, PyTorch's by up to 10x when
-the other core is busy; the rules follow the larger, repeated differences.)
+the other core is busy; the rules follow the larger, repeated differences.) The 3-D rows above
+predate ``phases_folded``; they were re-measured below.
+
+Single-thread, core-pinned re-measurement (the rules for 3-D and ``phases_folded``): the same
+machine, every process on one core (``taskset -c 1``, ``torch.set_num_threads(1)``, XLA_FLAGS
+``--xla_cpu_multi_thread_eigen=false``) while another job ran on the other core; competitors
+interleaved in one process, 5 rounds x 7 calls, median of the round medians; ratios to
+PyTorch (``conv_transpose*d``, channels_last), three processes where three numbers are given
+(one process shows an occasional 2-3x slow outlier for one executable: ``(5.3)`` below)::
+
+    suite case (NXC)     default: lowering, ratios       lax  ph_mm      ph_fold    before
+    2D 8x32x32x64 k3 s2  phases    1.39 1.43 1.47  1.45-1.65  1.57-1.90  1.50-1.77  same
+    2D groups 8          grouped   1.82 2.10 (5.3) 11.8-12.7  2.79-3.15  5.5-8.0    same
+    2D depthwise         elemw     0.63 0.65 0.67  132-135    4.7-11.6   67-71      same
+    1D 4000 k16 s8       subpixel  0.62 0.63 0.64  0.84-0.85  0.76-0.77  0.70       same
+    3D 2x16^3x32         ph_fold   1.38 1.61 1.51  153-164    1.97 2.17 2.07  (dflt)  ph_mm
+    2D bfloat16          ph_mm     1.35 2.00 1.44  3.05-3.39  (dflt)     2.34-2.99  same
+
+    3-D sweep, 2x16^3, k3 s2 p1 op1 unless stated (one process)
+                            torch ms  ph_mm  ph_fold  subpx_mm
+    3D 16 channels            2.17     1.08    1.08    1.03
+    3D 32 channels            3.91     2.04    1.49    2.57~
+    3D 64 channels           13.26     3.66    1.48    3.90~
+    3D 32 channels k4 s2      6.90     1.17    1.38    1.52
+    3D 32 channels bfloat16   2.51     3.53    2.61    2.83~
+
+``phases_folded`` wins in 3-D from 32 channels up (its 2-D convolutions read ``b`` in place;
+``phases_matmul`` writes and reads patches of all 27 taps, which cost as much as its
+products); in 2-D it loses to ``phases`` (f32) and ``phases_matmul`` (16-bit). Tried for
+the grouped and bfloat16 2-D cases without a repeatable gain (1.7-2.1x for groups 8 and
+1.3-2.0x for bfloat16 stay): a dot_general batched over the groups (``phases_matmul`` with
+a group batch axis, or patches in the user layout ``[N, R.., T, G, Cb/G]`` contracted over
+``(T, Cb/G)``: 2.2-2.3x), per-group patches from one group-major copy of ``b`` with one
+interleave for all groups (2.1x), per-group ``phases_folded`` or ``phases`` (3.4-3.6x),
+the output-side split (the first axis's taps as extra product columns, summed after the
+product: 2.1-2.9x for groups 8, 1.5-1.9x for bfloat16, 1.7-2.4x in 3-D), the products of all
+taps at once followed by shifted sums (col2im: 8-11x), per-tap products summed (3-4x),
+bfloat16 patches gathered as uint16 bits (no change: XLA CPU already gathers the patches in
+bfloat16 and its YNNPACK products take bfloat16 operands with float32 results), and
+interleaving by padding or by nested stacks instead of one stack and transpose (no change).
 
 backward_weights
 ----------------
@@ -637,6 +681,90 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     return _interleave(plan, axes, parts)
 
 
+def _folded(plan: ConvPlan, precision, b, w):
+    """The phases with the first spatial axis's taps stacked along channels, the other axes
+    by one stride-1 convolution per phase over a tensor whose first two spatial axes are
+    folded (merged) into one.
+
+    Per phase ``r0`` of the first axis its ``T0`` shifted windows of ``b`` are stacked along
+    channels (``T0`` times ``b``'s memory, ``[G, T0, Cb/G]`` channel order); the first two
+    spatial axes, rows ``R0`` and the padded ``B1'``, are merged, and each phase of the other
+    axes is one convolution with exactly its taps (channels ``T0*Cb/G`` -> ``Ca/G`` per
+    group), the second axis's taps running along the merged axis. Merged rows whose window
+    runs past the end of a ``B1'`` row (into the next) are computed and cropped; no output
+    reads them. So a 3-D problem is 2-D convolutions (which XLA CPU runs well, unlike its 3-D
+    ones), no product is wasted on zero taps, and only one axis's taps are materialised.
+    """
+    axes = _phases(plan)
+    nd, g = plan.ndim, plan.groups
+    first, rest = axes[0], axes[1:]
+    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
+    sa = plan.spatial_axes
+    config = [(0, 0, 0)] * b.ndim
+    for ax, p in zip(sa, axes):
+        config[ax] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+    x = lax.pad(b, jnp.zeros((), b.dtype), config)             # user layout, padded
+    c = plan.channel_axis
+    x = x.reshape((*x.shape[:c], g, cb_g, *x.shape[c + 1:]))    # channels split (G, Cb/G)
+    folded = nd > 1
+    b1 = x.shape[sa[1] + (c < sa[1])] if folded else 1
+    # the convolution's operands: rank nd+1 (nd-1 spatial axes; 1 in 1-D, of window 1)
+    cn = max(nd - 1, 1)
+    data = (0, cn + 1, *range(1, cn + 1)) if plan.channels_last else (0, 1, *range(2, cn + 2))
+    dnums = _dnums(data, (1, 0, *range(2, cn + 2)), data)      # kernel [in, out, window..]
+    wc = jnp.transpose(w, plan.weights_perm)                     # [Cb, Ca/G, K..]
+    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    phase_shape = _phase_shape(plan, axes)
+    parts = {}
+    for r0 in range(first.s):
+        taps0 = list(zip(first.taps[r0], first.shifts[r0]))
+        if not taps0:
+            for rr in itertools.product(*(range(p.s) for p in rest)):
+                parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
+            continue
+        ax0 = sa[0] + (c < sa[0])                                # after the channel split
+        windows = [lax.slice_in_dim(x, first.top - m, first.top - m + first.rows, axis=ax0)
+                   for _, m in taps0]
+        xd = jnp.stack(windows, axis=c + 1)                      # channels [G, T0, Cb/G]
+        xd = _merge(xd, (*xd.shape[:c], g * len(taps0) * cb_g, *xd.shape[c + 3:]))
+        if folded:                                               # merge R0 and B1'
+            xd = xd.reshape((*xd.shape[:sa[0]], first.rows * b1, *xd.shape[sa[0] + 2:]))
+        # kernel [T0*Cb/G, G*Ca/G, K_rest..]
+        k0 = jnp.stack([wc[:, :, :, k] for k, _ in taps0], axis=1)   # [G, T0, Cb/G, Ca/G, ..]
+        k0 = jnp.moveaxis(k0, 0, 2)                                  # [T0, Cb/G, G, Ca/G, ..]
+        k0 = k0.reshape((len(taps0) * cb_g, g * ca_g, *k0.shape[4:]))
+        for rr in itertools.product(*(range(p.s) for p in rest)):
+            taps = [p.taps[ri] for p, ri in zip(rest, rr)]
+            if not all(taps):
+                parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
+                continue
+            sub = k0
+            for i, (p, t) in enumerate(zip(rest, taps)):
+                sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.step, 2 + i)
+            sub = lax.rev(sub, tuple(range(2, 1 + nd)))          # a correlation
+            # the window's first row is the phase's last tap: offset top - m (x is padded for
+            # every tap's offset top - m); the merged axis keeps R0*B1' rows, the others rows
+            padding = []
+            for i, (p, ri, t) in enumerate(zip(rest, rr, taps)):
+                extent = (len(t) - 1) * p.dd + 1
+                lo = p.shifts[ri][-1] - p.top
+                hi = extent - 1 - lo if i == 0 else p.bottom - p.top + extent - 1 - lo
+                padding.append((lo, hi))
+            if not folded:
+                sub = sub[..., None]
+                padding = [(0, 0)]
+            z = lax.conv_general_dilated(
+                xd, sub, window_strides=(1,) * cn, padding=padding,
+                rhs_dilation=tuple(p.dd for p in rest) or (1,), dimension_numbers=dnums,
+                feature_group_count=g, precision=precision,
+                preferred_element_type=plan.acc_dtype)
+            if folded:                                           # split, crop to rows
+                z = z.reshape((*z.shape[:sa[0]], first.rows, b1, *z.shape[sa[0] + 1:]))
+                z = lax.slice_in_dim(z, 0, rest[0].rows, axis=sa[0] + 1)
+            parts[(r0, *rr)] = z
+    return _interleave(plan, axes, parts)
+
+
 def _grouped(plan: ConvPlan, precision, b, w):
     """One ungrouped backward_data per group (each by :func:`choose_backward_data`), joined
     along the channel axis: group ``g`` reads channels ``[g*Cb/G, (g+1)*Cb/G)`` of ``b`` and
@@ -662,7 +790,8 @@ ELEMENTWISE_MAX_CHANNELS = 8
 #: the backward_data lowerings, by name (see :func:`choose_backward_data`)
 BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phases_matmul,
                  "subpixel": _subpixel, "subpixel_matmul": _subpixel_matmul,
-                 "elementwise": _elementwise, "grouped": _grouped}
+                 "phases_folded": _folded, "elementwise": _elementwise,
+                 "grouped": _grouped}
 
 
 def applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -704,12 +833,14 @@ def choose_backward_data(plan: ConvPlan) -> str:
        up to 32 groups, else ``phases_matmul`` (products batched over the groups).
     4. At most one tap per phase (k2 s2, k1 s2, ...): ``phases_matmul`` (each phase is one
        plain matrix product).
-    5. Narrow channels (``min(Cb, Ca) <= 16``; ``<= 32`` in 3-D and up): ``subpixel_matmul``
-       where exact, else ``phases_matmul``.
+    5. Narrow channels (``min(Cb, Ca) <= 16``): ``subpixel_matmul`` where exact, else
+       ``phases_matmul``.
     6. 2-D: ``phases``; for float16/bfloat16 ``phases_matmul`` (XLA CPU's 16-bit matrix
        products are faster than its 16-bit convolutions).
     7. 1-D: ``subpixel`` where exact (k16 s8), else ``phases``.
-    8. 3-D and up: ``phases_matmul`` (XLA CPU's small-window 3-D convolutions are slow).
+    8. 3-D: ``phases_folded`` (2-D convolutions; XLA CPU's small-window 3-D convolutions are
+       slow, and ``phases_matmul``'s patches of all taps cost more than its products).
+    9. 4-D and up: ``phases_matmul``.
     """
     if all(s == 1 for s in plan.strides):
         return "direct"
@@ -722,13 +853,13 @@ def choose_backward_data(plan: ConvPlan) -> str:
     if all(len(taps) <= 1 for p in axes for taps in p.taps):
         return "phases_matmul"
     exact = subpixel_is_exact(plan)
-    if min(plan.b_channels, plan.a_channels) <= (32 if plan.ndim >= 3 else 16):
+    if min(plan.b_channels, plan.a_channels) <= 16:
         return "subpixel_matmul" if exact else "phases_matmul"
     if plan.ndim == 2:
         return "phases_matmul" if plan.dtype in ("float16", "bfloat16") else "phases"
     if plan.ndim == 1:
         return "subpixel" if exact else "phases"
-    return "phases_matmul"
+    return "phases_folded" if plan.ndim == 3 else "phases_matmul"
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("lowering",))
