@@ -95,7 +95,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite (not a test): writes docs/benchmarks.json for the docs page.
+    """The benchmark suite (not a test): writes docs/benchmarks.json (every library on all
+    CPUs) and docs/benchmarks-1thread.json (on one thread) for the docs page.
 
     PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
     """
@@ -107,3 +108,5 @@ def bench(session: nox.Session) -> None:
     except CommandFailed:
         session.log("torch is not installable here: the PyTorch peer is skipped")
     session.run("polyconv", "bench", "--json", "docs/benchmarks.json", *session.posargs)
+    session.run("polyconv", "bench", "--threads", "1", "--json", "docs/benchmarks-1thread.json",
+                *session.posargs)

@@ -78,20 +78,21 @@ def _generate(app) -> None:
 
 
 def _benchmarks(out: Path) -> None:
-    """The benchmark page's table and plot, drawn from the committed ``benchmarks.json``."""
+    """The benchmark page's tables and plots, drawn from the committed runs: every library on
+    all CPUs (``benchmarks.json``) and on one thread (``benchmarks-1thread.json``)."""
     import json
 
     from polyconv.benchmarks.suite import format_markdown, plot
 
-    source = DOCS / "benchmarks.json"
-    if not source.exists():
-        (out / "bench_table.md").write_text(
-            "No results yet: run `nox -s bench` to measure this machine.\n")
-        return
-    results = json.loads(source.read_text())
-    plot(results, out / "bench.png")
-    (out / "bench_table.md").write_text(
-        format_markdown(results) + "\n![GFLOP/s per case and competitor](bench.png)\n")
+    for stem in ("benchmarks", "benchmarks-1thread"):
+        source, table = DOCS / f"{stem}.json", out / f"{stem}.md"
+        if not source.exists():
+            table.write_text("No results yet: run `nox -s bench` to measure this machine.\n")
+            continue
+        results = json.loads(source.read_text())
+        plot(results, out / f"{stem}.png")
+        table.write_text(format_markdown(results)
+                         + f"\n![GFLOP/s per case and competitor]({stem}.png)\n")
 
 
 def setup(app):

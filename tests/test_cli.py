@@ -339,7 +339,7 @@ def test_bench_smoke(tmp_path, capsys):
     from polyconv.benchmarks import suite
 
     out = tmp_path / "bench.json"
-    assert suite.main(["--repeats", "1", "--warmup", "0", "--settle", "0",
+    assert suite.main(["--repeats", "1", "--warmup", "0", "--lead-in", "0",
                        "--cases", "depthwise", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     assert results["machine"]["cpus"] >= 1 and results["matmul_gflops"] > 0
@@ -354,3 +354,16 @@ def test_bench_smoke(tmp_path, capsys):
     assert 0 < case["numpy_peak_extra_memory_ratio"] <= 2
     assert "ConvTranspose 2D depthwise g64" in capsys.readouterr().out
     assert "depthwise" in suite.format_markdown(results)
+
+
+def test_bench_threads_reruns_pinned(tmp_path):
+    # --threads reruns the suite in a process whose libraries all use that many threads
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "polyconv.benchmarks.suite", "--threads", "1",
+                           "--repeats", "1", "--warmup", "0", "--lead-in", "0",
+                           "--cases", "depthwise", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    assert results["machine"]["threads"] == 1
+    assert "every library on 1 thread(s)" in proc.stdout

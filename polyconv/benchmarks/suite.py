@@ -1,11 +1,11 @@
 """polyconv's benchmark suite: polyconv side by side with the tools users would otherwise pick.
 
 Run with ``polyconv bench`` (or ``python -m polyconv.benchmarks.suite``). Each case runs all
-its competitors in one process, interleaved (one call of each per round, after warm-up), and
-reports the median time, GFLOP/s, the fraction of this machine's float32 matmul rate, and the
-ratio of every competitor to polyconv's numpy backend. Peers are optional: a peer whose package
-is missing is listed as skipped. Nothing here is a test: timings are only compared within one
-run, as ratios.
+its competitors in one process, interleaved (per round, one untimed and one timed call of
+each, after warm-up), and reports the median time, GFLOP/s, the fraction of this machine's
+float32 matmul rate, and the ratio of every competitor to polyconv's numpy backend. Peers are
+optional: a peer whose package is missing is listed as skipped. Nothing here is a test:
+timings are only compared within one run, as ratios.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -114,6 +116,9 @@ def _torch(case: Case, arrays):
     import torch
     import torch.nn.functional as F
 
+    if os.environ.get(_THREADS_ENV):
+        torch.set_num_threads(int(os.environ[_THREADS_ENV]))
+
     p = case.plan
     d = p.ndim
     memfmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
@@ -199,13 +204,14 @@ def _lax(case: Case, arrays):
         pads = list(zip(p.pads_begin, p.pads_end))
         w0 = jnp.zeros(case.extra[0], src.dtype)
 
-        def fwd(w):
-            return lax.conv_general_dilated(src, w, p.strides, pads, rhs_dilation=p.dilations,
+        def fwd(x, w):
+            return lax.conv_general_dilated(x, w, p.strides, pads, rhs_dilation=p.dilations,
                                             dimension_numbers=dn,
                                             feature_group_count=p.groups, precision=hi)
 
-        fn = jax.jit(lambda dy: jax.vjp(fwd, w0)[1](dy)[0])
-        return lambda: fn(diff_dst).block_until_ready()
+        # src is an argument, not a closed-over constant XLA could transform at compile time
+        fn = jax.jit(lambda x, dy: jax.vjp(partial(fwd, x), w0)[1](dy)[0])
+        return lambda: fn(src, diff_dst).block_until_ready()
     # ConvTransposeBackwardWeights: vjp of lax.conv_transpose (groups 1 only)
     if p.groups != 1:
         return None
@@ -213,13 +219,13 @@ def _lax(case: Case, arrays):
     pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in
             zip(p.effective_kernel, p.pads_begin, p.pads_end, p.output_padding)]
 
-    def fwd_t(w):
-        return lax.conv_transpose(src, w, p.strides, pads, rhs_dilation=p.dilations,
+    def fwd_t(x, w):
+        return lax.conv_transpose(x, w, p.strides, pads, rhs_dilation=p.dilations,
                                   dimension_numbers=(f"N{sp}C", f"{sp}OI", f"N{sp}C"),
                                   transpose_kernel=True, precision=hi)
 
-    fn = jax.jit(lambda dy: jax.vjp(fwd_t, w0)[1](dy)[0])
-    return lambda: fn(diff_dst).block_until_ready()
+    fn = jax.jit(lambda x, dy: jax.vjp(partial(fwd_t, x), w0)[1](dy)[0])
+    return lambda: fn(src, diff_dst).block_until_ready()
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,7 @@ def peak_extra_memory(fn: Callable[[], Any]) -> int:
 
 
 def run_case(case: Case, competitors, repeats: int, warmup: int, log,
-             settle: float = 0.0) -> dict[str, Any]:
+             lead_in: int = 1) -> dict[str, Any]:
     arrays = _inputs(case)
     fns: dict[str, Callable[[], Any]] = {}
     skipped: dict[str, str] = {}
@@ -293,9 +299,12 @@ def run_case(case: Case, competitors, repeats: int, warmup: int, log,
         if r % 2:
             order.reverse()          # interleaved, alternating order
         for name, fn in order:
-            # let the previous competitor's thread pool go idle: BLAS and XLA workers spin
-            # for a while after a call, which would tax whoever runs next
-            time.sleep(settle)
+            # an untimed call first: it wakes this competitor's thread pool (on a VM a parked
+            # worker can take milliseconds to wake) while the previous competitor's workers,
+            # which spin for a while after their last call, go idle; the timed call then
+            # measures back-to-back use, as in a real loop
+            for _ in range(lead_in):
+                fn()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
@@ -331,10 +340,9 @@ def _cpu_model() -> str:
 
 
 def machine() -> dict[str, Any]:
-    import os
-
     info = {"platform": platform.platform(), "processor": _cpu_model(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
+            "threads": int(os.environ[_THREADS_ENV]) if os.environ.get(_THREADS_ENV) else None,
             "numpy": np.__version__, "polyconv": polyconv.__version__}
     for mod in ("jax", "torch"):
         if find_spec(mod) is not None:
@@ -342,10 +350,15 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def _cpus(m: dict[str, Any]) -> str:
+    threads = m.get("threads")
+    return f"{m['cpus']} CPUs" + (f", every library on {threads} thread(s)" if threads else "")
+
+
 def format_table(results: dict[str, Any]) -> str:
     names = [c.name for c in COMPETITORS]
     rate = results["matmul_gflops"]
-    lines = [f"machine: {results['machine']['platform']}, {results['machine']['cpus']} cpus; "
+    lines = [f"machine: {results['machine']['platform']}, {_cpus(results['machine'])}; "
              f"numpy f32 matmul {rate:.1f} GFLOP/s",
              f"{'case':48s} " + " ".join(f"{n:>16s}" for n in names)
              + "  numpy mem  numpy %peak"]
@@ -370,7 +383,7 @@ def format_markdown(results: dict[str, Any]) -> str:
     names = [c.name for c in COMPETITORS]
     m = results["machine"]
     cpu = f" ({m['processor']})" if m.get("processor") else ""
-    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs{cpu}, Python {m['python']}, numpy "
+    lines = [f"Machine: {m['platform']}, {_cpus(m)}{cpu}, Python {m['python']}, numpy "
              f"{m['numpy']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
              + f"; numpy float32 matmul rate {results['matmul_gflops']:.0f} GFLOP/s.", "",
              "| case | " + " | ".join(names) + " | numpy GFLOP/s (% of matmul) "
@@ -414,11 +427,37 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_yticklabels([r["case"] for r in cases], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("GFLOP/s (higher is better)")
-    ax.set_title(f"polyconv benchmarks on {results['machine']['cpus']} CPUs")
+    ax.set_title(f"polyconv benchmarks, {_cpus(results['machine'])}")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+_THREADS_ENV = "POLYCONV_BENCH_THREADS"
+
+
+def _rerun_with_threads(threads: int, argv: list[str]) -> int:
+    """Run the suite in a fresh process whose libraries all use ``threads`` threads.
+
+    Thread counts are read when numpy's BLAS, XLA and PyTorch start, hence the new process:
+    the BLAS/OpenMP variables are set, the process is pinned to ``threads`` CPUs (XLA sizes its
+    pool from that), and PyTorch is told the count.
+    """
+    n = str(threads)
+    env = dict(os.environ, **{_THREADS_ENV: n, "OPENBLAS_NUM_THREADS": n,
+                              "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n})
+    if threads == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                            " intra_op_parallelism_threads=1").strip()
+    return subprocess.call([sys.executable, "-m", "polyconv.benchmarks.suite", *argv], env=env)
+
+
+def _pin(threads: int) -> None:
+    """Pin this process to its first ``threads`` allowed CPUs (where the OS allows it)."""
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))[:threads]
+        os.sched_setaffinity(0, cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,11 +465,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cases", default="", help="substring filter on case names")
-    parser.add_argument("--settle", type=float, default=0.2,
-                        help="seconds of idle time before each timed call (default 0.2)")
+    parser.add_argument("--lead-in", type=int, default=1,
+                        help="untimed calls of a competitor before each timed one (default 1)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    parser.add_argument("--threads", type=int,
+                        help="run numpy's BLAS, XLA and PyTorch on this many threads, pinned to "
+                             "as many CPUs (default: each library's own choice)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1, got {args.threads}")
+        if os.environ.get(_THREADS_ENV) != str(args.threads):
+            return _rerun_with_threads(args.threads, list(sys.argv[1:] if argv is None
+                                                          else argv))
+        _pin(args.threads)
 
     def log(msg: str) -> None:
         sys.stderr.write(msg)
@@ -440,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": machine(), "matmul_gflops": matmul_rate(), "cases": []}
     for case in selected:
         results["cases"].append(run_case(case, COMPETITORS, args.repeats, args.warmup, log,
-                                           args.settle))
+                                           args.lead_in))
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
