@@ -107,6 +107,18 @@ def _polyconv_jax(case: Case, arrays):
     return lambda: fn(*xs, *case.extra).block_until_ready()
 
 
+def _polyconv_array_api_torch(case: Case, arrays):
+    """polyconv's generic array-API backend on PyTorch tensors (the user's NXC layout)."""
+    import torch
+
+    if os.environ.get(_THREADS_ENV):
+        torch.set_num_threads(int(os.environ[_THREADS_ENV]))
+    fn = getattr(polyconv, case.op)
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
+    xs = [torch.from_numpy(a.astype(np.float32)).to(tdt) for a in arrays]
+    return lambda: fn(*xs, *case.extra, backend="array_api", **case.attrs)
+
+
 def _torch_weights_iox(w: np.ndarray):
     """XOI [K.., OC/G, IC] or XIO [K.., IC/G, OC] -> channels-first [.., .., K..]."""
     return np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1)))
@@ -238,6 +250,7 @@ class Competitor:
 COMPETITORS: tuple[Competitor, ...] = (
     Competitor("polyconv-numpy", None, _polyconv_numpy),
     Competitor("polyconv-jax", "jax", _polyconv_jax),
+    Competitor("polyconv-array-api", "torch", _polyconv_array_api_torch),
     Competitor("torch", "torch", _torch),
     Competitor("lax", "jax", _lax),
 )
