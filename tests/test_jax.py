@@ -581,18 +581,22 @@ def _bd_case(op, kernel, variant, groups, nd, fmt, wfmt):
     return plan, arrays, attrs
 
 
-def _bd_params():
+def _lowering_params(lowerings, applies):
+    """Every lowering that ``applies(lowering, groups)`` on two variants per layout."""
     params = []
     for i, (nd, fmt, wfmt) in enumerate(_LAYOUTS):
         for j in range(2):
             v = (3 * i + 5 * j) % len(_BD_VARIANTS)
             op, kernel, variant, groups = _BD_VARIANTS[v]
-            for lowering in BACKWARD_DATA_LOWERINGS:
-                if lowering == "grouped" and groups == 1:
-                    continue
-                params.append(pytest.param(op, kernel, variant, groups, nd, fmt, wfmt, lowering,
-                                           id=f"{lowering}-{nd}d-{fmt}-{wfmt}-v{v}"))
+            params += [pytest.param(op, kernel, variant, groups, nd, fmt, wfmt, lowering,
+                                    id=f"{lowering}-{nd}d-{fmt}-{wfmt}-v{v}")
+                       for lowering in lowerings if applies(lowering, groups)]
     return params
+
+
+def _bd_params():
+    return _lowering_params(BACKWARD_DATA_LOWERINGS,
+                            lambda lowering, groups: lowering != "grouped" or groups != 1)
 
 
 def _xla_cpu_aborts_on_direct(plan) -> bool:
@@ -839,19 +843,12 @@ _WEIGHTS_OP = {"conv_transpose": "conv_transpose_backward_weights",
 
 
 def _bw_params():
-    params = []
-    for i, (nd, fmt, wfmt) in enumerate(_LAYOUTS):
-        for j in range(2):
-            v = (3 * i + 5 * j) % len(_BD_VARIANTS)
-            op, kernel, variant, groups = _BD_VARIANTS[v]
-            for lowering in BACKWARD_WEIGHTS_LOWERINGS:
-                if lowering == "depthwise" and groups not in ("dw", "dw2"):
-                    continue
-                if lowering == "grouped" and groups == 1:
-                    continue
-                params.append(pytest.param(op, kernel, variant, groups, nd, fmt, wfmt, lowering,
-                                           id=f"{lowering}-{nd}d-{fmt}-{wfmt}-v{v}"))
-    return params
+    def applies(lowering, groups):
+        if lowering == "depthwise":
+            return groups in ("dw", "dw2")
+        return lowering != "grouped" or groups != 1
+
+    return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
 
 
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
