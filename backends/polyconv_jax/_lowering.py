@@ -27,6 +27,12 @@ Accumulation is in ``plan.acc_dtype`` (``preferred_element_type``, or elementwis
 in that dtype), the bias is added in that dtype, and there is a single cast to ``plan.dtype``
 at the end.
 
+Differentiation: JAX differentiates the lowerings like any jax code, except that the
+forward convolution of a strided or grouped float32/float64 plan carries a custom JVP
+(:func:`_conv_adjoint_ad`) whose tangent is the transpose of the backward lowerings, so
+``jax.grad`` runs the backward_data and backward_weights lowerings below instead of JAX's
+own transposes (an lhs-dilated and a ``batch_group_count`` convolution).
+
 Strided backward_data without ``lhs_dilation``
 -----------------------------------------------
 XLA CPU's lhs-dilated convolution is a slow path (it multiplies the inserted zeros): 1.5-3x
@@ -169,6 +175,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from polyconv import ConvPlan
 
@@ -276,16 +283,70 @@ def _finish(plan: ConvPlan, y, bias, channel_axis: int):
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def forward(plan: ConvPlan, precision, a, w, bias=None):
+    conv = _conv_adjoint_ad if _adjoint_ad(plan) else _conv
+    return _finish(plan, conv(plan, precision, a, w), bias, plan.channel_axis)
+
+
+def _conv(plan: ConvPlan, precision, a, w):
+    """The forward convolution, in the accumulation dtype."""
     data = _data_spec(plan)
     perm = plan.weights_perm
     # XLA's output size floor((A + pb + pe - ek)/s) + 1 is plan.b_spatial by construction
     # (also for conv_transpose_backward_data, where A carries output_padding < s).
     padding = list(zip(plan.pads_begin, plan.pads_end))
-    y = lax.conv_general_dilated(
+    return lax.conv_general_dilated(
         a, w, window_strides=plan.strides, padding=padding, rhs_dilation=plan.dilations,
         dimension_numbers=_dnums(data, perm, data), feature_group_count=plan.groups,
         precision=precision, preferred_element_type=plan.acc_dtype)
-    return _finish(plan, y, bias, plan.channel_axis)
+
+
+def _adjoint_ad(plan: ConvPlan) -> bool:
+    """Whether the forward primitive differentiates through polyconv's own adjoints.
+
+    JAX's transpose of a strided convolution is an lhs-dilated one (XLA CPU's slow path, and
+    on some geometries a compiler abort), of a grouped one a ``batch_group_count`` one (slow
+    too). For float32/float64 these plans get :func:`_conv_adjoint_ad` instead.
+    """
+    return plan.dtype in ("float32", "float64") and plan.batch > 0 and (
+        any(s > 1 for s in plan.strides) or plan.groups > 1)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _conv_adjoint_ad(plan: ConvPlan, precision, a, w):
+    """:func:`_conv`, whose tangent is built so that reverse mode runs polyconv's backward
+    lowerings.
+
+    The tangent ``conv(da, w) + conv(a, dw)`` is computed as the *transposes* of the
+    backward_data lowering (``b -> a``, linear in ``b``) and of the backward_weights lowering
+    (``b -> W``, linear in ``b``): SPEC §3 makes them the adjoints of the forward convolution,
+    so their transposes are the forward convolution in ``a`` and in ``w``. Reverse mode
+    transposes the tangent once more and so runs those backward lowerings (phases, no
+    lhs-dilated or ``batch_group_count`` convolution); forward mode, vmap and higher orders
+    see ordinary JAX operations.
+    """
+    return _conv(plan, precision, a, w)
+
+
+def _conv_tangent(plan: ConvPlan, precision, primals, tangents):
+    a, w = primals
+    da, dw = tangents
+    y = _conv_adjoint_ad(plan, precision, a, w)
+    b_struct = jax.ShapeDtypeStruct(plan.b_shape, y.dtype)
+    t = jnp.zeros_like(y)
+    if not isinstance(da, SymbolicZero):
+        lowering = BACKWARD_DATA[choose_backward_data(plan)]
+        (t_a,) = jax.linear_transpose(lambda b: lowering(plan, precision, b, w), b_struct)(
+            da.astype(y.dtype))
+        t = t + t_a
+    if not isinstance(dw, SymbolicZero):
+        lowering = BACKWARD_WEIGHTS[choose_backward_weights(plan)]
+        (t_w,) = jax.linear_transpose(lambda b: lowering(plan, precision, a, b), b_struct)(
+            dw.astype(y.dtype))
+        t = t + t_w
+    return y, t
+
+
+_conv_adjoint_ad.defjvp(_conv_tangent, symbolic_zeros=True)
 
 
 # --------------------------------------------------------------------------------------------
