@@ -136,16 +136,22 @@ def _close(actual, expected):
                                atol=1e-10)
 
 
+def _convolution_inputs(rng, nd, fmt, wfmt, variant):
+    """Attributes, src and weights (float64) of one Convolution case."""
+    ic, oc, groups = _channels(variant)
+    attrs = {**_attrs(variant, nd, fmt, wfmt), "groups": groups}
+    x = jnp.asarray(_data(rng, 2, ic, _LARGE[nd], fmt))
+    w = jnp.asarray(_weights(rng, oc, ic // groups, _KERNEL[nd], wfmt, "convolution"))
+    return attrs, x, w
+
+
 @pytest.mark.parametrize(("nd", "fmt", "wfmt", "variant"), _cases(_CONV_VARIANTS))
 def test_jvp_of_convolution_is_linear_in_each_input(nd, fmt, wfmt, variant):
     # strided and grouped convolutions take their tangent from the transposes of polyconv's
     # backward lowerings; it must equal the convolution applied to the tangents (an
     # independent check of the adjoint relation against XLA's own convolution)
     rng = np.random.default_rng(1)
-    ic, oc, groups = _channels(variant)
-    attrs = {**_attrs(variant, nd, fmt, wfmt), "groups": groups}
-    x = jnp.asarray(_data(rng, 2, ic, _LARGE[nd], fmt))
-    w = jnp.asarray(_weights(rng, oc, ic // groups, _KERNEL[nd], wfmt, "convolution"))
+    attrs, x, w = _convolution_inputs(rng, nd, fmt, wfmt, variant)
     dx, dw = jnp.asarray(rng.standard_normal(x.shape)), jnp.asarray(rng.standard_normal(w.shape))
 
     def f(x, w):
@@ -174,11 +180,8 @@ def test_grad_of_a_strided_convolution_has_no_lhs_dilation():
 @pytest.mark.parametrize(("nd", "fmt", "wfmt", "variant"), _cases(_CONV_VARIANTS))
 def test_grad_of_convolution_is_the_backward_ops(nd, fmt, wfmt, variant):
     rng = np.random.default_rng(0)
-    ic, oc, groups = _channels(variant)
-    attrs = {**_attrs(variant, nd, fmt, wfmt), "groups": groups}
-    x = jnp.asarray(_data(rng, 2, ic, _LARGE[nd], fmt))
-    w = jnp.asarray(_weights(rng, oc, ic // groups, _KERNEL[nd], wfmt, "convolution"))
-    bias = jnp.asarray(rng.standard_normal(oc))
+    attrs, x, w = _convolution_inputs(rng, nd, fmt, wfmt, variant)
+    bias = jnp.asarray(rng.standard_normal(_channels(variant)[1]))
     y_shape = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).shape
     cot = jnp.asarray(rng.standard_normal(y_shape))
 
