@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle import numpy_dtype
 from test_matrix import GRID, check_case
 
 import polyconv
@@ -61,8 +62,6 @@ def test_peak_memory_at_most_twice_inputs_and_output(case):
     # float32 copies of 2-byte tensors (tracemalloc sees every numpy buffer: a count, not a
     # timing)
     import tracemalloc
-
-    from polyconv._compare import numpy_dtype
 
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(numpy_dtype(case.dtype)) for s in case.shapes]

@@ -107,14 +107,21 @@ def _polyconv_jax(case: Case, arrays):
     return lambda: fn(*xs, *case.extra).block_until_ready()
 
 
-def _polyconv_array_api_torch(case: Case, arrays):
-    """polyconv's generic array-API backend on PyTorch tensors (the user's NXC layout)."""
+def _torch_dtype(case: Case):
+    """The case's torch dtype; PyTorch's threads set as ``--threads`` asks (see main)."""
     import torch
 
     if os.environ.get(_THREADS_ENV):
         torch.set_num_threads(int(os.environ[_THREADS_ENV]))
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
+
+
+def _polyconv_array_api_torch(case: Case, arrays):
+    """polyconv's generic array-API backend on PyTorch tensors (the user's NXC layout)."""
+    import torch
+
+    tdt = _torch_dtype(case)
     fn = getattr(polyconv, case.op)
-    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
     xs = [torch.from_numpy(a.astype(np.float32)).to(tdt) for a in arrays]
     return lambda: fn(*xs, *case.extra, backend="array_api", **case.attrs)
 
@@ -128,13 +135,10 @@ def _torch(case: Case, arrays):
     import torch
     import torch.nn.functional as F
 
-    if os.environ.get(_THREADS_ENV):
-        torch.set_num_threads(int(os.environ[_THREADS_ENV]))
-
     p = case.plan
     d = p.ndim
     memfmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
-    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
+    tdt = _torch_dtype(case)
 
     def data(x):
         t = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x.astype(np.float32), -1, 1)))
