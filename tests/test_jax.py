@@ -23,7 +23,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 import polyconv_jax  # noqa: E402
-from oracle import assert_within_bound, reference  # noqa: E402
+from oracle import EPS, assert_within_bound, reference  # noqa: E402
 from polyconv_jax import _lowering  # noqa: E402
 
 import polyconv  # noqa: E402
@@ -164,17 +164,58 @@ def test_jvp_of_convolution_is_linear_in_each_input(nd, fmt, wfmt, variant):
     _close(t_x, f(dx, w))
 
 
-def test_grad_of_a_strided_convolution_has_no_lhs_dilation():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grad_of_a_strided_convolution_has_no_lhs_dilation(dtype):
     # jax's own transpose rule would emit an lhs-dilated convolution (XLA CPU's slow path);
     # the gradient goes through the backward_data lowering instead
-    x, w = jnp.ones((2, 9, 8, 3)), jnp.ones((3, 2, 3, 4))
+    x, w = jnp.ones((2, 9, 8, 3), dtype), jnp.ones((3, 2, 3, 4), dtype)
 
     def loss(x, w):
-        return polyconv.convolution(x, w, strides=2, pads_begin=1, pads_end=1).sum()
+        y = polyconv.convolution(x, w, strides=2, pads_begin=1, pads_end=1)
+        return y.astype(jnp.float32).sum()
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).as_text()
     dilations = re.findall(r"lhs_dilate = \[([0-9, ]*)\]", text)
     assert all(set(d.replace(" ", "").split(",")) == {"1"} for d in dilations), dilations
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_low_precision_grad_and_jvp_of_a_strided_convolution(dtype, groups):
+    """The custom JVP covers float16/bfloat16 too: reverse mode yields the backward ops
+    (checked against the float64 oracle within SPEC §5's bound for the cotangent rounded to
+    the inputs' dtype), forward mode the convolution of the tangents."""
+    from oracle import random_array
+
+    rng = np.random.default_rng(14)
+    attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (2, 1), "groups": groups}
+    x = random_array(rng, (2, 9, 10, 4), dtype)                  # NXC
+    w = random_array(rng, (3, 2, 4 // groups, 6), dtype)          # XIO
+    y_shape = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).shape
+    cot = random_array(rng, y_shape, dtype)
+
+    def loss(x, w):
+        y = polyconv.convolution(x, w, **attrs)
+        return jnp.vdot(y.astype(jnp.float32), jnp.asarray(cot, jnp.float32))
+
+    gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x), jnp.asarray(w))
+    assert gx.dtype == gw.dtype == np.dtype(x.dtype)
+    ref = reference("convolution_backward_data", cot, w, dst_shape=x.shape, **attrs)
+    assert_within_bound(np.asarray(gx.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+    ref = reference("convolution_backward_weights", x, cot, weights_shape=w.shape, **attrs)
+    assert_within_bound(np.asarray(gw.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+    # forward mode: the tangent in (x, w) is conv(dx, w) + conv(x, dw), exact in float64;
+    # it is rounded twice (the transposed lowering's result, then the output)
+    dx, dw = random_array(rng, x.shape, dtype), random_array(rng, w.shape, dtype)
+    t = jax.jit(lambda *v: jax.jvp(lambda x, w: polyconv.convolution(x, w, **attrs),
+                                   v[:2], v[2:])[1])(*map(jnp.asarray, (x, w, dx, dw)))
+    r1 = reference("convolution", dx, w, **attrs)
+    r2 = reference("convolution", x, dw, **attrs)
+    exact, magnitude = r1.y + r2.y, r1.abs_sum + r2.abs_sum
+    err = np.abs(np.asarray(t.astype(jnp.float64)) - exact)
+    bound = EPS[dtype] * (np.abs(exact) + magnitude) + (r1.n + r2.n) * EPS["float32"] * magnitude
+    assert np.all(err <= bound), float(np.max(err / bound))
 
 
 @pytest.mark.parametrize(("nd", "fmt", "wfmt", "variant"), _cases(_CONV_VARIANTS))

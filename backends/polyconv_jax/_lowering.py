@@ -28,7 +28,7 @@ in that dtype), the bias is added in that dtype, and there is a single cast to `
 at the end.
 
 Differentiation: JAX differentiates the lowerings like any jax code, except that the
-forward convolution of a strided or grouped float32/float64 plan carries a custom JVP
+forward convolution of a strided or grouped plan (any dtype) carries a custom JVP
 (:func:`_conv_adjoint_ad`) whose tangent is the transpose of the backward lowerings, so
 ``jax.grad`` runs the backward_data and backward_weights lowerings below instead of JAX's
 own transposes (an lhs-dilated and a ``batch_group_count`` convolution).
@@ -305,9 +305,9 @@ def _adjoint_ad(plan: ConvPlan) -> bool:
 
     JAX's transpose of a strided convolution is an lhs-dilated one (XLA CPU's slow path, and
     on some geometries a compiler abort), of a grouped one a ``batch_group_count`` one (slow
-    too). For float32/float64 these plans get :func:`_conv_adjoint_ad` instead.
+    too). These plans get :func:`_conv_adjoint_ad` instead.
     """
-    return plan.dtype in ("float32", "float64") and plan.batch > 0 and (
+    return plan.batch > 0 and (
         any(s > 1 for s in plan.strides) or plan.groups > 1)
 
 
@@ -330,19 +330,23 @@ def _conv_adjoint_ad(plan: ConvPlan, precision, a, w):
 def _conv_tangent(plan: ConvPlan, precision, primals, tangents):
     a, w = primals
     da, dw = tangents
-    y = _conv_adjoint_ad(plan, precision, a, w)
-    b_struct = jax.ShapeDtypeStruct(plan.b_shape, y.dtype)
+    y = _conv_adjoint_ad(plan, precision, a, w)             # in the accumulation dtype
+    # The lowerings take operands of the plan's dtype and return the accumulation dtype, so
+    # their transposes map an accumulation-dtype tangent to one of the plan's dtype: for
+    # float16/bfloat16 the tangent is rounded once more in forward mode, while reverse mode
+    # (whose cotangents come in the plan's dtype) loses nothing.
+    b_struct = jax.ShapeDtypeStruct(plan.b_shape, a.dtype)
     t = jnp.zeros_like(y)
     if not isinstance(da, SymbolicZero):
         lowering = BACKWARD_DATA[choose_backward_data(plan)]
         (t_a,) = jax.linear_transpose(lambda b: lowering(plan, precision, b, w), b_struct)(
             da.astype(y.dtype))
-        t = t + t_a
+        t = t + t_a.astype(y.dtype)
     if not isinstance(dw, SymbolicZero):
         lowering = BACKWARD_WEIGHTS[choose_backward_weights(plan)]
         (t_w,) = jax.linear_transpose(lambda b: lowering(plan, precision, a, b), b_struct)(
             dw.astype(y.dtype))
-        t = t + t_w
+        t = t + t_w.astype(y.dtype)
     return y, t
 
 
