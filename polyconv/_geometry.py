@@ -514,6 +514,11 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
         full = w_given
         kernel = tuple(full[i] for i in perm[2:])
         w_cb, w_ca = full[perm[0]], full[perm[1]]
+        if w_cb < 1 or w_ca < 1:
+            wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
+            msg = (f"{op}: {wname}={full} must have at least one channel on each channel "
+                   f"axis ({weights_format} weights are [{meaning}])")
+            raise ValueError(msg)
         if b_channels is None:
             b_channels = w_cb
         if a_channels is None:

@@ -203,6 +203,15 @@ def _weights_and_channels() -> list[BadCall]:
              r"^{op}: does not match the data channels.*\b5\b.*"
              r"weights\.shape=\(3, 3, 6, 4\)",
              replace={"weights": np.zeros((3, 3, 6, 4), "float32")}),
+        _bad("convolution", "weights-zero-OC", ValueError,
+             r"^{op}: weights\.shape=\(3, 3, 3, 0\).*at least one channel",
+             replace={"weights": np.zeros((3, 3, 3, 0), "float32")}),
+        _bad("conv_transpose", "weights-zero-OC", ValueError,
+             r"^{op}: weights\.shape=\(3, 3, 0, 4\).*at least one channel",
+             replace={"weights": np.zeros((3, 3, 0, 4), "float32")}),
+        _bad("conv_transpose_backward_weights", "weights_shape-zero-OC", ValueError,
+             r"^{op}: weights_shape=\(3, 3, 0, 4\).*at least one channel",
+             positional=(3, 3, 0, 4)),
         _bad("convolution_backward_weights", "weights_shape-channels", ValueError,
              r"^{op}: does not match the data channels.*"
              r"weights_shape=\(3, 3, 2, 4\)", positional=(3, 3, 2, 4)),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from bad_calls import BASE
 from cases import AUTO_PAD_SPELLINGS, Case, build_case, grid
 from conftest import require_dtype
 from oracle import (
@@ -137,6 +138,20 @@ def test_bias_reaches_positions_without_products(target, dtype):
     np.testing.assert_array_equal(ref.n[:, 1::3, :, :], 1)   # the bias alone
     y = target.call(polyconv.conv_transpose, src, w, bias, **attrs)
     check_result(target, y, ref, dtype)
+
+
+@pytest.mark.parametrize("fn", MAIN_OPS)
+def test_empty_batch(target, fn):
+    """A batch of 0 is a valid shape: an empty result, and zero weight gradients."""
+    _, shapes, positional = BASE[fn]
+    rng = np.random.default_rng(9)
+    arrays = [random_array(rng, (0, *s[1:]) if i == 0 or positional else s, "float32")
+              for i, s in enumerate(shapes)]
+    extra = () if positional is None else (positional,)
+    ref = reference(fn, *arrays, **({} if positional is None else {"weights_shape": positional}))
+    y = getattr(polyconv, fn)(*(target.asarray(a) for a in arrays), *extra,
+                              backend=target.backend)
+    check_result(target, y, ref, "float32")
 
 
 @pytest.mark.parametrize("fn", ["convolution_backward_data", "conv_transpose"])

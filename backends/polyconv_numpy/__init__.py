@@ -43,23 +43,24 @@ class NumpyBackend:
     #: set to False to route every call through the exact path (tests compare the two)
     fast = True
 
-    def _path(self, *arrays: Any):
-        return _fast if self.fast and _finite(*arrays) else _exact
+    def _path(self, plan: ConvPlan, *arrays: Any):
+        # an empty batch has no rows to lay on the phase grid: the exact path returns zeros
+        return _fast if self.fast and plan.batch and _finite(*arrays) else _exact
 
     # NaN/Inf propagate by design (SPEC §6): numpy's "invalid value" warnings are silenced.
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
         # only 0 * w terms (padding, cropped rows) are added: a finite w keeps them exact
         with np.errstate(invalid="ignore"):
-            return self._path(w).forward(plan, a, w, bias)
+            return self._path(plan, w).forward(plan, a, w, bias)
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            return self._path(w).backward_data(plan, b, w, bias)
+            return self._path(plan, w).backward_data(plan, b, w, bias)
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         # here zero rows of b meet values of a, and padding zeros meet values of b
         with np.errstate(invalid="ignore"):
-            return self._path(a, b).backward_weights(plan, a, b)
+            return self._path(plan, a, b).backward_weights(plan, a, b)
 
 
 BACKEND = NumpyBackend()
