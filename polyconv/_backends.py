@@ -167,7 +167,13 @@ def infer_backend(op: str, arrays: dict[str, Any]) -> str:
 
 
 def dtype_name(x: Any) -> str:
-    """Library-neutral dtype name: ``float32``, ``bfloat16``, ``int64``, ..."""
+    """Library-neutral dtype name: ``float32``, ``bfloat16``, ``int64``, ...
+
+    numpy dtypes give their ``name``, which ignores the byte order (``>f4`` is float32).
+    """
+    name = getattr(x.dtype, "name", None)
+    if type(x.dtype).__module__.startswith("numpy") and isinstance(name, str):
+        return name
     return str(x.dtype).rsplit(".", 1)[-1]
 
 

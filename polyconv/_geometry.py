@@ -193,12 +193,12 @@ def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
         msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
                f"got {name}={value!r}")
         raise TypeError(msg)
-    if hasattr(value, "__index__") and not isinstance(value, bool):
-        return (operator.index(value),) * ndim
     if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
-        value = value.tolist()  # numpy array / scalar of ints
+        value = value.tolist()  # a numpy/JAX/torch array or scalar of ints
         if not isinstance(value, list):
             value = [value] * ndim
+    elif hasattr(value, "__index__") and not isinstance(value, bool):
+        return (operator.index(value),) * ndim
     if not isinstance(value, Sequence):
         msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
                f"got {name}={value!r} ({type(value).__name__})")

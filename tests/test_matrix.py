@@ -154,6 +154,25 @@ def test_empty_batch(target, fn):
     check_result(target, y, ref, "float32")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_numpy_inputs_in_non_native_byte_order(target, dtype):
+    """``>f4`` is float32 (numpy's dtype name, not its byte order, is the dtype): numpy inputs
+    of the other byte order work on every backend, with integer arrays as attributes."""
+    require_dtype(target, dtype)
+    if target.library != "numpy" and target.backend != "jax":
+        pytest.skip("numpy inputs (given to the numpy, jax and array_api backends)")
+    rng = np.random.default_rng(10)
+    src = random_array(rng, (2, 7, 6, 4), dtype)
+    w = random_array(rng, (3, 3, 4, 6), dtype)
+    swapped = np.dtype(dtype).newbyteorder("S")
+    attrs = {"strides": np.array([2, 1]), "pads_begin": np.int64(1), "pads_end": (1, 0)}
+    y = polyconv.convolution(src.astype(swapped), w.astype(swapped), **attrs,
+                             backend=target.backend)
+    assert np.asarray(y).dtype.name == dtype
+    ref = reference("convolution", src, w, strides=(2, 1), pads_begin=1, pads_end=(1, 0))
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, dtype)
+
+
 @pytest.mark.parametrize("fn", ["convolution_backward_data", "conv_transpose"])
 @pytest.mark.parametrize("auto_pad", ["none", "valid", "same_upper", "same_lower"])
 def test_every_reachable_dst_shape(target, fn, auto_pad):

@@ -1172,5 +1172,8 @@ def prepare(plan: ConvPlan, *arrays):
         if x is None or isinstance(x, jax.Array):  # jax.Array covers tracers too
             out.append(x)
         else:
+            dtype = getattr(x, "dtype", None)
+            if isinstance(dtype, np.dtype) and not dtype.isnative:
+                x = np.asarray(x, dtype.newbyteorder("="))  # JAX takes native byte order only
             out.append(jnp.asarray(x))
     return out
