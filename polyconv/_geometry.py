@@ -223,6 +223,36 @@ def _check_min(op: str, name: str, values: tuple[int, ...], lo: int) -> None:
         raise ValueError(msg)
 
 
+#: ``precision`` names (case-insensitive) -> the ``jax.lax.Precision`` member each means
+PRECISION_NAMES = {
+    "default": "DEFAULT", "fastest": "DEFAULT", "bfloat16": "DEFAULT",
+    "high": "HIGH", "tensorfloat32": "HIGH", "bfloat16_3x": "HIGH",
+    "highest": "HIGHEST", "float32": "HIGHEST",
+}
+
+
+def check_precision(op: str, precision) -> None:
+    """``precision`` is None, a name of :data:`PRECISION_NAMES`, a ``jax.lax.Precision``, or a
+    pair of these for (input, weights). Checked for every backend (SPEC §6), though only
+    backends with precision modes (JAX) use it: the others always compute at full precision.
+    """
+    def one(value) -> bool:
+        if isinstance(value, str):
+            return value.lower() in PRECISION_NAMES
+        kind = type(value)
+        return kind.__name__ == "Precision" and kind.__module__.startswith("jax")
+
+    if precision is None:
+        return
+    pair = isinstance(precision, (tuple, list))
+    if (all(one(p) for p in precision) and len(precision) == 2) if pair else one(precision):
+        return
+    msg = (f"{op}: precision must be None (full precision), a jax.lax.Precision, one of "
+           f"{', '.join(map(repr, PRECISION_NAMES))} (case-insensitive), or a pair of "
+           f"these for (input, weights); got precision={precision!r}")
+    raise ValueError(msg)
+
+
 def parse_choice(op: str, name: str, value, accepted: tuple[str, ...]) -> str:
     if not isinstance(value, str):
         msg = (f"{op}: {name} must be a string, one of {', '.join(map(repr, accepted))}; "

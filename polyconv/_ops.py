@@ -18,7 +18,7 @@ from ._backends import (
     infer_backend,
     restore_type,
 )
-from ._geometry import Attrs, ConvPlan, resolve
+from ._geometry import Attrs, ConvPlan, check_precision, resolve
 
 IntOrSeq = int | Sequence[int]
 Array = Any
@@ -64,6 +64,7 @@ def _run(kind: str, op: str, arrays: dict[str, Any], backend, precision, **attrs
     impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
     shapes = {name: tuple(x.shape) for name, x in present.items()}
     plan = _plan(kind, op, shapes, **attrs).with_(dtype=dtype, precision=precision)
+    check_precision(op, precision)
     args = [arrays[name] for name in _PRIMITIVE_INPUTS[kind]]
     out = getattr(impl, plan.primitive)(plan, *args)
     return restore_type(out, next(iter(present.values())))
@@ -88,7 +89,10 @@ _COMMON_DOC = """
     backend : str, optional
         ``"numpy"``, ``"jax"``, ``"array_api"``...; inferred from the inputs by default.
     precision : optional
-        Passed to backends that have precision modes (JAX); the default is full precision.
+        ``None`` (full precision, the default), a ``jax.lax.Precision``, one of its names
+        (``"default"``, ``"high"``, ``"highest"``, ...), or a pair for (input, weights). Used
+        by backends with precision modes (JAX); the others always compute at full precision.
+        Checked on every backend.
 """
 
 

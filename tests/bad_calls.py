@@ -203,6 +203,13 @@ def _weights_and_channels() -> list[BadCall]:
              r"^{op}: does not match the data channels.*\b5\b.*"
              r"weights\.shape=\(3, 3, 6, 4\)",
              replace={"weights": np.zeros((3, 3, 6, 4), "float32")}),
+        # checked on every backend, though only JAX has precision modes
+        _bad("convolution", "precision-unknown", ValueError,
+             r"^{op}: precision must be.*'highest'.*precision='fast'", precision="fast",
+             shape_only=False),
+        _bad("conv_transpose_backward_weights", "precision-triple", ValueError,
+             r"^{op}: precision must be.*pair.*precision=\('high', 'high', 'high'\)",
+             precision=("high",) * 3, shape_only=False),
         _bad("convolution", "weights-zero-OC", ValueError,
              r"^{op}: weights\.shape=\(3, 3, 3, 0\).*at least one channel",
              replace={"weights": np.zeros((3, 3, 3, 0), "float32")}),

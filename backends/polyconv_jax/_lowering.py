@@ -178,42 +178,28 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from polyconv import ConvPlan
+from polyconv._geometry import PRECISION_NAMES, check_precision
 
 # --------------------------------------------------------------------------------------------
 # precision (SPEC §5: full precision unless the caller opts in)
 # --------------------------------------------------------------------------------------------
 
-_PRECISION_NAMES = {
-    "default": lax.Precision.DEFAULT, "fastest": lax.Precision.DEFAULT,
-    "bfloat16": lax.Precision.DEFAULT,
-    "high": lax.Precision.HIGH, "tensorfloat32": lax.Precision.HIGH,
-    "bfloat16_3x": lax.Precision.HIGH,
-    "highest": lax.Precision.HIGHEST, "float32": lax.Precision.HIGHEST,
-}
 _FULL = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
 
 
-def _one_precision(op: str, value: Any, whole: Any) -> lax.Precision:
-    if isinstance(value, lax.Precision):
-        return value
-    if isinstance(value, str) and value.lower() in _PRECISION_NAMES:
-        return _PRECISION_NAMES[value.lower()]
-    msg = (f"{op}: precision must be None (full precision), a jax.lax.Precision, one of "
-           f"{', '.join(map(repr, _PRECISION_NAMES))} (case-insensitive), or a pair of "
-           f"these for (input, weights); got precision={whole!r}")
-    raise ValueError(msg)
+def _one_precision(value: Any) -> lax.Precision:
+    return value if isinstance(value, lax.Precision) else lax.Precision[
+        PRECISION_NAMES[value.lower()]]
 
 
 def canonical_precision(op: str, precision: Any) -> tuple[lax.Precision, lax.Precision]:
     """``plan.precision`` as a pair of :class:`jax.lax.Precision` (``None`` -> HIGHEST)."""
+    check_precision(op, precision)
     if precision is None:
         return _FULL
-    if isinstance(precision, (tuple, list)) and not isinstance(precision, str):
-        if len(precision) != 2:
-            _one_precision(op, object(), precision)  # raises
-        return (_one_precision(op, precision[0], precision),
-                _one_precision(op, precision[1], precision))
-    p = _one_precision(op, precision, precision)
+    if isinstance(precision, (tuple, list)):
+        return (_one_precision(precision[0]), _one_precision(precision[1]))
+    p = _one_precision(precision)
     return (p, p)
 
 
