@@ -184,7 +184,20 @@ def _as_int(op: str, name: str, value) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         msg = f"{op}: {name} must be an integer; got {name}={value!r} ({type(value).__name__})"
         raise TypeError(msg)
-    return operator.index(value)
+    return _concrete(op, name, value, lambda: operator.index(value))
+
+
+def _concrete(op: str, name: str, value, convert):
+    """``convert()``, with a clear error where ``value`` is traced (a JAX array under jit):
+    geometry is resolved when the call is made, so it must be known then."""
+    try:
+        return convert()
+    except TypeError as e:
+        if not type(e).__module__.startswith("jax"):
+            raise
+        msg = (f"{op}: {name} must be concrete (known when the call is traced: under jax.jit, "
+               f"a static argument or a Python value); got a traced value")
+        raise TypeError(msg) from None
 
 
 def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
@@ -194,11 +207,11 @@ def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
                f"got {name}={value!r}")
         raise TypeError(msg)
     if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
-        value = value.tolist()  # a numpy/JAX/torch array or scalar of ints
+        value = _concrete(op, name, value, value.tolist)  # numpy/JAX/torch ints
         if not isinstance(value, list):
             value = [value] * ndim
     elif hasattr(value, "__index__") and not isinstance(value, bool):
-        return (operator.index(value),) * ndim
+        return (_concrete(op, name, value, lambda: operator.index(value)),) * ndim
     if not isinstance(value, Sequence):
         msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
                f"got {name}={value!r} ({type(value).__name__})")
@@ -208,7 +221,7 @@ def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
         if isinstance(item, bool) or not hasattr(item, "__index__"):
             msg = (f"{op}: {name} must contain integers only; got {name}={items!r}")
             raise TypeError(msg)
-    items = tuple(operator.index(i) for i in items)
+    items = _concrete(op, name, value, lambda: tuple(operator.index(i) for i in items))
     if len(items) != ndim:
         msg = (f"{op}: {name} must have one entry per spatial axis ({ndim}, from the data "
                f"rank); got {name}={items!r} with {len(items)} entries")
@@ -291,7 +304,7 @@ def _shape(op: str, name: str, shape) -> tuple[int, ...]:
         if isinstance(dim, bool) or not hasattr(dim, "__index__"):
             msg = f"{op}: {name} must be a shape (a sequence of integers); got {shape!r}"
             raise TypeError(msg)
-    return tuple(operator.index(d) for d in dims)
+    return _concrete(op, name, shape, lambda: tuple(operator.index(d) for d in dims))
 
 
 # --------------------------------------------------------------------------------------------

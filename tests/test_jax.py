@@ -356,6 +356,25 @@ def test_eager_calls_compile_once_per_plan():
     assert hash(plan) == hash(polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2))
 
 
+@pytest.mark.parametrize(("attr", "value"), [("strides", jnp.array([2, 1])),
+                                             ("pads_begin", jnp.array(1)),
+                                             ("groups", jnp.array(1)),
+                                             ("dst_shape", jnp.array([7, 6]))])
+def test_traced_attributes_are_a_clear_type_error(attr, value):
+    """Geometry is resolved when the call is traced: a traced attribute cannot be used, and
+    the error names it (instead of a tracer error from deep inside)."""
+    x, w = jnp.ones((2, 5, 4, 6)), jnp.ones((3, 3, 4, 6))   # diff_dst NXC, weights XIO
+
+    def f(x, w, v):
+        return polyconv.convolution_backward_data(x, w, **{attr: v})
+
+    with pytest.raises(TypeError, match=rf"^convolution_backward_data: {attr} must be "
+                                        r"concrete.*jax\.jit"):
+        jax.jit(f)(x, w, value)
+    if attr != "dst_shape":  # concrete arrays are fine outside jit
+        f(x, w, value)
+
+
 def test_jit_of_grad():
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.standard_normal((2, 6, 6, 4)))
