@@ -356,6 +356,16 @@ def test_bench_smoke(tmp_path, capsys):
     assert "depthwise" in suite.format_markdown(results)
 
 
+def test_bench_cases_filter_matching_nothing_is_an_error(capsys):
+    from polyconv.benchmarks import suite
+
+    with pytest.raises(SystemExit) as exc:
+        suite.main(["--cases", "no such case"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "'no such case' matches no case name" in err and "ConvTranspose 3D" in err
+
+
 def test_bench_threads_reruns_pinned(tmp_path):
     # --threads reruns the suite in a process whose libraries all use that many threads
     out = tmp_path / "bench.json"

@@ -490,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run numpy's BLAS, XLA and PyTorch on this many threads, pinned to "
                              "as many CPUs (default: each library's own choice)")
     args = parser.parse_args(argv)
+    if not any(args.cases.lower() in c.name.lower() for c in CASES):
+        names = "; ".join(c.name for c in CASES)
+        parser.error(f"--cases {args.cases!r} matches no case name; the cases are: {names}")
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
