@@ -557,8 +557,8 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
         full = w_given
         kernel = tuple(full[i] for i in perm[2:])
         w_cb, w_ca = full[perm[0]], full[perm[1]]
+        wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
         if w_cb < 1 or w_ca < 1:
-            wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
             msg = (f"{op}: {wname}={full} must have at least one channel on each channel "
                    f"axis ({weights_format} weights are [{meaning}])")
             raise ValueError(msg)
@@ -567,7 +567,6 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
         if a_channels is None:
             a_channels = w_ca * groups
         _check_groups(op, groups, a_channels, b_channels, large_name, small_name)
-        wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
         if family == "convolution":
             ic, oc = a_channels, b_channels
         else:

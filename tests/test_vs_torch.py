@@ -166,6 +166,20 @@ class Case:
     def weights_user_shape(self, family: str) -> tuple[int, ...]:
         return self.weights(np.empty(self.w_shape), family).shape
 
+    def large_size_attrs(self) -> dict:
+        """How an op that can take ``dst_shape`` learns A: ``dst_shape`` (full or spatial,
+        with a consistent ``output_padding`` alongside or not) or ``output_padding``."""
+        if not self.with_dst:
+            return {"output_padding": self.output_padding}
+        extra = {"dst_shape": self.data_shape(self.a_shape) if self.full_shapes else self.a}
+        if self.with_opad:
+            extra["output_padding"] = self.output_padding
+        return extra
+
+    def optional_output_padding(self) -> dict:
+        """The ConvTranspose backward ops infer output_padding; pass it or not."""
+        return {"output_padding": self.output_padding} if self.with_opad else {}
+
 
 def _per_axis(draw, rank, lo, hi):
     return tuple(draw(st.lists(st.integers(lo, hi), min_size=rank, max_size=rank)))
@@ -298,15 +312,8 @@ def test_convolution_backward_data(target):
         b = torch_convolution(a, _t(w), c)
         assert tuple(b.shape) == c.b_shape
         expected = _grad(b, a, db)
-        if c.with_dst:
-            dst = c.data_shape(c.a_shape) if c.full_shapes else c.a
-            extra = {"dst_shape": dst}
-            if c.with_opad:  # a consistent output_padding is accepted alongside
-                extra["output_padding"] = c.output_padding
-        else:
-            extra = {"output_padding": c.output_padding}
         got = target.call(polyconv.convolution_backward_data, c.data(db),
-                          c.weights(w, "convolution"), **c.attrs(**extra))
+                          c.weights(w, "convolution"), **c.attrs(**c.large_size_attrs()))
         assert_matches(target, got, c.data(expected), c, "convolution_backward_data")
 
     run_examples(target, st.one_of(cases("F"), cases("T")), check)
@@ -343,14 +350,8 @@ def test_conv_transpose(target):
         bias = _maybe_bias(c, rng, c.ca)
         expected = _with_bias(torch_conv_transpose(_t(b), _t(w), c), bias).detach().numpy()
         assert expected.shape == c.a_shape
-        if c.with_dst:
-            extra = {"dst_shape": c.data_shape(c.a_shape) if c.full_shapes else c.a}
-            if c.with_opad:  # a consistent output_padding is accepted alongside
-                extra["output_padding"] = c.output_padding
-        else:
-            extra = {"output_padding": c.output_padding}
         got = target.call(polyconv.conv_transpose, c.data(b), c.weights(w, "conv_transpose"),
-                          bias, **c.attrs(**extra))
+                          bias, **c.attrs(**c.large_size_attrs()))
         assert_matches(target, got, c.data(expected), c, "conv_transpose")
 
     run_examples(target, st.one_of(cases("F"), cases("T")), check)
@@ -363,9 +364,9 @@ def test_conv_transpose_backward_data(target):
         b = _t(np.zeros(c.b_shape), grad=True)
         a = torch_conv_transpose(b, _t(w), c)
         expected = _grad(a, b, da)
-        extra = {"output_padding": c.output_padding} if c.with_opad else {}
         got = target.call(polyconv.conv_transpose_backward_data, c.data(da),
-                          c.weights(w, "conv_transpose"), **c.attrs(**extra))
+                          c.weights(w, "conv_transpose"),
+                          **c.attrs(**c.optional_output_padding()))
         assert_matches(target, got, c.data(expected), c, "conv_transpose_backward_data")
 
     run_examples(target, cases("T"), check)
@@ -379,9 +380,8 @@ def test_conv_transpose_backward_weights(target):
         a = torch_conv_transpose(_t(b), w, c)
         expected = _grad(a, w, da)
         shape = c.weights_user_shape("conv_transpose") if c.full_shapes else c.kernel
-        extra = {"output_padding": c.output_padding} if c.with_opad else {}
         got = target.call(polyconv.conv_transpose_backward_weights, c.data(b), c.data(da),
-                          **c.attrs(weights_shape=shape, **extra))
+                          **c.attrs(weights_shape=shape, **c.optional_output_padding()))
         assert_matches(target, got, c.weights(expected, "conv_transpose"), c,
                        "conv_transpose_backward_weights")
 

@@ -490,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run numpy's BLAS, XLA and PyTorch on this many threads, pinned to "
                              "as many CPUs (default: each library's own choice)")
     args = parser.parse_args(argv)
-    if not any(args.cases.lower() in c.name.lower() for c in CASES):
+    selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
+    if not selected:
         names = "; ".join(c.name for c in CASES)
         parser.error(f"--cases {args.cases!r} matches no case name; the cases are: {names}")
     if args.threads is not None:
@@ -505,7 +506,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(msg)
         sys.stderr.flush()
 
-    selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
     results = {"machine": machine(), "matmul_gflops": matmul_rate(), "cases": []}
     for case in selected:
         results["cases"].append(run_case(case, COMPETITORS, args.repeats, args.warmup, log,
