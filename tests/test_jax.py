@@ -1117,3 +1117,112 @@ def test_every_lowering_keeps_a_batch_sharding():
     result = _run_python(_LOWERINGS_SHARDING_SCRIPT, XLA_FLAGS=flags.strip())
     assert result.returncode == 0, result.stdout + result.stderr
     assert "lowerings sharding ok" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# one padded row for unpadded 2-D convolutions on CPU (_lowering._conv_general)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pad_every_unpadded_conv(monkeypatch):
+    """Take the one-padded-row path for every unpadded 2-D convolution, however small
+    (compiled executables are dropped before and after, so none is reused across the
+    threshold)."""
+    jax.clear_caches()
+    monkeypatch.setattr(_lowering, "PAD_FAST_PATH_MACS", 0)
+    yield
+    jax.clear_caches()
+
+
+def _padded_convs(fn, *args) -> list[str]:
+    """The ``pad = ...`` of every convolution in ``fn``'s lowered (CPU) StableHLO."""
+    text = jax.jit(fn).lower(*args).as_text()
+    return re.findall(r"convolution\(.*?pad = (\[\[[^]]*\](?:, \[[^]]*\])*\])", text)
+
+
+# (op, src or diff_dst shape NXC, weights, attrs): unpadded 2-D calls of each primitive, with
+# strides where the new row adds an output row, where it does not, and on mixed axes
+_UNPADDED_2D = [
+    ("convolution", (2, 7, 6, 3), (3, 2, 3, 4), {}),
+    ("convolution", (2, 7, 8, 3), (3, 3, 3, 4), {"strides": (2, 3)}),
+    ("convolution", (2, 8, 7, 3), (2, 3, 3, 4), {"strides": 2, "dilations": (1, 2)}),
+    ("convolution", (2, 7, 6, 3), (3, 2, 3, 4), {"auto_pad": "valid", "strides": (1, 2)}),
+    ("conv_transpose_backward_data", (2, 9, 7, 3), (3, 3, 3, 4), {"strides": 2}),
+    ("convolution_backward_weights", (2, 7, 6, 3), (3, 2), {}),
+    ("convolution_backward_weights", (2, 9, 7, 3), (3, 3), {"strides": 2}),
+    ("conv_transpose_backward_weights", (2, 4, 3, 3), (3, 2), {"strides": 2}),
+]
+
+
+def _unpadded_case(rng, op, src, w, attrs, fmt):
+    """Inputs (NXC ``src`` moved to ``fmt``) and attributes of one ``_UNPADDED_2D`` call."""
+    attrs = {**attrs, "data_format": fmt}
+    x = rng.uniform(-1, 1, src if fmt == "NXC" else (src[0], src[-1], *src[1:-1]))
+    if not op.endswith("backward_weights"):
+        return [x, rng.uniform(-1, 1, w)], attrs
+    # the weights gradients: diff_dst from the forward op, with 5 output channels
+    forward, weights = (("convolution", (*w, src[-1], 5)) if op.startswith("convolution")
+                        else ("conv_transpose", (*w, 5, src[-1])))
+    diff_dst = polyconv.infer_shape(forward, x.shape, weights, **attrs).shape
+    return [x, rng.uniform(-1, 1, diff_dst)], {**attrs, "weights_shape": w}
+
+
+@pytest.mark.usefixtures("pad_every_unpadded_conv")
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize(("op", "src", "w", "attrs"), _UNPADDED_2D)
+def test_one_padded_row_matches_the_oracle(op, src, w, attrs, fmt):
+    rng = np.random.default_rng(zlib.crc32(f"{op}{src}{fmt}".encode()))
+    arrays, attrs = _unpadded_case(rng, op, src, w, attrs, fmt)
+    fn = getattr(polyconv, op)
+    pads = _padded_convs(lambda *xs: fn(*xs, **attrs), *map(jnp.asarray, arrays))
+    assert "[[0, 1], [0, 0]]" in pads or "[[0, 0], [0, 1]]" in pads, pads
+    y = fn(*(jnp.asarray(a) for a in arrays), **attrs)
+    ref = reference(op, *arrays, **attrs)
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+
+
+@pytest.mark.usefixtures("pad_every_unpadded_conv")
+def test_one_padded_row_under_grad_vmap_and_nan():
+    rng = np.random.default_rng(31)
+    x = rng.uniform(-1, 1, (2, 7, 6, 3))
+    w = rng.uniform(-1, 1, (3, 2, 3, 4))
+    dy = rng.uniform(-1, 1, (2, 5, 5, 4))
+
+    def loss(x, w):
+        return jnp.vdot(polyconv.convolution(x, w), jnp.asarray(dy))
+
+    gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x), jnp.asarray(w))
+    for got, op, args, extra in (
+            (gx, "convolution_backward_data", (dy, w), {"dst_shape": x.shape}),
+            (gw, "convolution_backward_weights", (x, dy), {"weights_shape": w.shape})):
+        ref = reference(op, *args, **extra)
+        assert_within_bound(np.asarray(got), ref.y, ref.abs_sum, ref.n, "float64")
+    xs = jnp.asarray(np.stack([x, -x, 2 * x]))
+    got = jax.vmap(lambda x: polyconv.convolution(x, jnp.asarray(w)))(xs)
+    for i in range(3):
+        _close(got[i], polyconv.convolution(xs[i], jnp.asarray(w)))
+    poisoned = x.copy()
+    poisoned[1, 6, 5, 2] = np.nan        # the last row and column: read by one output only
+    y = np.asarray(polyconv.convolution(jnp.asarray(poisoned), jnp.asarray(w)))
+    bad = np.argwhere(np.isnan(y))
+    assert {tuple(i[:3]) for i in bad} == {(1, 4, 4)}
+
+
+def test_one_padded_row_is_taken_where_it_pays():
+    """On CPU: an unpadded 2-D convolution with overlapping windows and 10^8 multiply-adds or
+    more; not a grouped one, a 1-D or 3-D one, a padded one, or non-overlapping windows."""
+    def pads(shape, kernel, **attrs):
+        x = jax.ShapeDtypeStruct(shape, jnp.float32)
+        w = jax.ShapeDtypeStruct(kernel, jnp.float32)
+        return _padded_convs(lambda x, w: polyconv.convolution(x, w, **attrs), x, w)
+
+    assert pads((8, 58, 58, 64), (3, 3, 64, 64)) == ["[[0, 1], [0, 0]]"]
+    # stride 2 on 57 rows: the new row is skipped, so the first axis gets it, no slice
+    assert pads((8, 113, 114, 64), (3, 3, 64, 64), strides=2) == ["[[0, 1], [0, 0]]"]
+    assert pads((8, 114, 113, 64), (3, 3, 64, 64), strides=2) == ["[[0, 0], [0, 1]]"]
+    assert pads((1, 18, 18, 64), (3, 3, 64, 64)) == ["[[0, 0], [0, 0]]"]         # small
+    assert pads((8, 64, 64, 256), (2, 2, 256, 256), strides=2) == ["[[0, 0], [0, 0]]"]
+    assert pads((8, 58, 58, 64), (3, 3, 64, 64), pads_begin=1) == ["[[1, 0], [1, 0]]"]
+    assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
+    assert pads((8, 4000, 256), (16, 256, 128)) == ["[[0, 0]]"]
