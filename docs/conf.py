@@ -70,6 +70,10 @@ def _generate(app) -> None:
     for action in parser._subparsers._group_actions:  # the subcommands, in order
         for name, sub in action.choices.items():
             helps[f"polyconv-{name}"] = sub.format_help()
+    # `polyconv bench` passes its arguments on to the suite's own parser
+    from polyconv.benchmarks.suite import build_parser as bench_parser
+
+    helps["polyconv-bench"] = bench_parser().format_help()
     for name, text in helps.items():
         target = out / f"{name}.txt"
         if not target.exists() or target.read_text() != text:

@@ -71,6 +71,8 @@ CASES: tuple[Case, ...] = (
     _ct("ConvTranspose 3D 2x16^3x32->32 k3 s2 p1 op1", 2, (16, 16, 16), 32, 32, 3, 2, 1, 1),
     Case("Convolution 2D 8x56x56x64->64 k3 s1 p1", "convolution",
          ((8, 56, 56, 64), (3, 3, 64, 64)), dict(pads_begin=1, pads_end=1)),
+    Case("Convolution 2D 8x58x58x64->64 k3 s1 valid", "convolution",
+         ((8, 58, 58, 64), (3, 3, 64, 64))),
     Case("ConvolutionBackwardWeights 2D 8x56x56x64 k3 p1", "convolution_backward_weights",
          ((8, 56, 56, 64), (8, 56, 56, 64)), dict(pads_begin=1, pads_end=1),
          extra=((3, 3, 64, 64),)),
@@ -477,10 +479,14 @@ def _pin(threads: int) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``polyconv bench``."""
     parser = argparse.ArgumentParser(prog="polyconv bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed rounds per case; each round times every competitor once "
+                             "(default 7)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed calls of each competitor before the rounds (default 2)")
     parser.add_argument("--cases", default="", help="substring filter on case names")
     parser.add_argument("--lead-in", type=int, default=1,
                         help="untimed calls of a competitor before each timed one (default 1)")
@@ -489,6 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int,
                         help="run numpy's BLAS, XLA and PyTorch on this many threads, pinned to "
                              "as many CPUs (default: each library's own choice)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
     if not selected:
