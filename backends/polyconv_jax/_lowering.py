@@ -258,7 +258,7 @@ def _conv_general(lhs, rhs, *, dimension_numbers: lax.ConvDimensionNumbers, padd
     there is nothing to slice. Other platforms get the plain call
     (:func:`jax.lax.platform_dependent`, resolved when the computation is lowered).
     """
-    def plain(lhs, rhs):
+    def conv(lhs, rhs, padding=padding):
         return lax.conv_general_dilated(
             lhs, rhs, window_strides=window_strides, padding=padding,
             lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
@@ -269,30 +269,26 @@ def _conv_general(lhs, rhs, *, dimension_numbers: lax.ConvDimensionNumbers, padd
     if (nd != 2 or kwargs.get("feature_group_count", 1) != 1
             or kwargs.get("batch_group_count", 1) != 1
             or any(tuple(p) != (0, 0) for p in padding)):
-        return plain(lhs, rhs)
+        return conv(lhs, rhs)
     sizes = [(lhs.shape[lhs_spec[2 + i]] - 1) * (lhs_dilation or (1,) * nd)[i] + 1
              for i in range(nd)]
     extents = [(rhs.shape[rhs_spec[2 + i]] - 1) * (rhs_dilation or (1,) * nd)[i] + 1
                for i in range(nd)]
-    out = jax.eval_shape(plain, lhs, rhs).shape
+    out = jax.eval_shape(conv, lhs, rhs).shape
     macs = math.prod(out) * lhs.shape[lhs_spec[1]] * math.prod(
         rhs.shape[i] for i in rhs_spec[2:])
     if macs < PAD_FAST_PATH_MACS or all(e <= s for e, s in zip(extents, window_strides)):
-        return plain(lhs, rhs)
+        return conv(lhs, rhs)
     # would one more input row add an output row on axis i?
     grows = [(x - e) % s == s - 1 for x, e, s in zip(sizes, extents, window_strides)]
     axis = grows.index(False) if False in grows else 0
     padded = [(0, 1) if i == axis else (0, 0) for i in range(nd)]
 
     def one_padded_row(lhs, rhs):
-        y = lax.conv_general_dilated(
-            lhs, rhs, window_strides=window_strides, padding=padded,
-            lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
-            dimension_numbers=dimension_numbers, **kwargs)
         dim = out_spec[2 + axis]
-        return lax.slice_in_dim(y, 0, out[dim], axis=dim)
+        return lax.slice_in_dim(conv(lhs, rhs, padded), 0, out[dim], axis=dim)
 
-    return lax.platform_dependent(lhs, rhs, cpu=one_padded_row, default=plain)
+    return lax.platform_dependent(lhs, rhs, cpu=one_padded_row, default=conv)
 
 
 def _merge(y, shape):
