@@ -22,6 +22,10 @@ from oracle import numpy_dtype
 
 import polyconv
 
+# The JAX backend measures lowerings on first use unless told not to: the tests take its
+# deterministic default policy (tests/test_jax.py checks the measuring itself).
+os.environ.setdefault("POLYCONV_JAX_AUTOTUNE", "0")
+
 ALL_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 

@@ -24,7 +24,7 @@ jnp = pytest.importorskip("jax.numpy")
 
 import polyconv_jax  # noqa: E402
 from oracle import EPS, assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _lowering  # noqa: E402
+from polyconv_jax import _backward_data, _choice, _forward, _primitives, _xla  # noqa: E402
 
 import polyconv  # noqa: E402
 
@@ -342,16 +342,15 @@ def test_jit_matches_eager_and_does_not_retrace(name):
 
 def test_eager_calls_compile_once_per_plan():
     """The plan is a static (hashable) jit argument: repeated eager calls reuse the executable."""
-    from polyconv_jax import _lowering
 
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.standard_normal((2, 5, 5, 3)))
     w = jnp.asarray(rng.standard_normal((3, 3, 3, 4)))
     polyconv.convolution(x, w, strides=2, auto_pad="same_upper")
-    before = _lowering.forward._cache_size()
+    before = _primitives.forward._cache_size()
     for _ in range(3):
         polyconv.convolution(x + 1.0, w, strides=2, auto_pad="same_upper")
-    assert _lowering.forward._cache_size() == before
+    assert _primitives.forward._cache_size() == before
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2)
     assert hash(plan) == hash(polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2))
 
@@ -591,7 +590,7 @@ def test_sharded_batch_over_8_devices():
 # backward_data lowerings: each one over the attribute grid, against the oracle
 # --------------------------------------------------------------------------------------------
 
-BACKWARD_DATA_LOWERINGS = _lowering.LOWERINGS["backward_data"]
+BACKWARD_DATA_LOWERINGS = _choice.LOWERINGS["backward_data"]
 
 # (op, kernel, attributes, groups). Tuples are per axis and cut to the rank. "groups": an int;
 # "dw": one input channel of the primitive's small tensor per group (depthwise); "dw2": the
@@ -686,29 +685,22 @@ def _lowering_params(lowerings, applies):
         for j in range(2):
             v = (3 * i + 5 * j) % len(_BD_VARIANTS)
             op, kernel, variant, groups = _BD_VARIANTS[v]
-            params += [pytest.param(op, kernel, variant, groups, nd, fmt, wfmt, lowering,
-                                    id=f"{lowering}-{nd}d-{fmt}-{wfmt}-v{v}")
-                       for lowering in lowerings if applies(lowering, groups)]
+            for lowering in lowerings:
+                # an ungrouped-only lowering takes the variant's geometry without groups
+                g = groups if applies(lowering, groups) else 1
+                if applies(lowering, g):
+                    params.append(pytest.param(op, kernel, variant, g, nd, fmt, wfmt, lowering,
+                                               id=f"{lowering}-{nd}d-{fmt}-{wfmt}-v{v}-g{g}"))
     return params
 
 
 def _bd_params():
-    return _lowering_params(BACKWARD_DATA_LOWERINGS,
-                            lambda lowering, groups: lowering != "grouped" or groups != 1)
+    def applies(lowering, groups):
+        if lowering == "matmul_overlap_add":
+            return groups == 1
+        return lowering != "grouped" or groups != 1
 
-
-def _xla_cpu_aborts_on_direct(plan) -> bool:
-    """XLA CPU (jaxlib 0.10.2) aborts the process (``algebraic_simplifier.cc`` check failure,
-    "Window dimensions do not match RHS shape") compiling an lhs-dilated convolution in which
-    one axis has a window equal to its dilation and no padding and another axis does not --
-    e.g. the input gradient ``jax.vjp`` gives for a stride-2 convolution with kernel (3, 2)
-    and pads 1. It is the ``direct`` lowering's convolution; this over-approximates it."""
-    axes = []
-    for a, b, s, ek, pb in zip(plan.a_spatial, plan.b_spatial, plan.strides,
-                               plan.effective_kernel, plan.pads_begin):
-        axes.append((s, ek, ek - 1 - pb, a + pb - 1 - (b - 1) * s))
-    return (any(s > 1 and ek == s and lo == hi == 0 for s, ek, lo, hi in axes)
-            and len(set(axes)) > 1)
+    return _lowering_params(BACKWARD_DATA_LOWERINGS, applies)
 
 
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
@@ -717,10 +709,10 @@ def test_backward_data_lowering_matches_the_oracle(op, kernel, variant, groups, 
                                                    lowering):
     plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
     assert plan.primitive == "backward_data"
-    assert _lowering.applicable(plan, lowering)
-    if lowering == "direct" and _xla_cpu_aborts_on_direct(plan):
+    assert _backward_data.applicable(plan, lowering)
+    if lowering == "direct" and _backward_data.direct_aborts_xla_cpu(plan):
         pytest.skip("XLA CPU aborts compiling this lhs-dilated convolution (see "
-                    "_xla_cpu_aborts_on_direct); the other lowerings cover the geometry")
+                    "direct_aborts_xla_cpu); the other lowerings cover the geometry")
     with polyconv_jax.force_lowering(backward_data=lowering):
         y = getattr(polyconv, op)(*(jnp.asarray(a) for a in arrays), **attrs)
     ref = reference(op, *arrays, **attrs)
@@ -728,13 +720,16 @@ def test_backward_data_lowering_matches_the_oracle(op, kernel, variant, groups, 
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
-def test_the_grid_covers_every_lowering_and_geometry_feature():
-    """Guard the grid above: every lowering meets strides 1-3, mixed strides, dilations that
+@pytest.mark.parametrize("primitive", ["forward", "backward_data", "backward_weights"])
+def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
+    """Guard the grids: every lowering meets strides 1-3, mixed strides, dilations that
     share a factor with the stride, kernels smaller than the stride, every auto_pad,
-    output_padding, dst_shape, groups and depthwise, both formats, all weights formats and
-    ranks 1-3."""
-    seen: dict[str, set] = {name: set() for name in BACKWARD_DATA_LOWERINGS}
-    for p in _bd_params():
+    output_padding, dst_shape, groups and depthwise (where it computes grouped plans), both
+    formats, all weights formats and ranks 1-3."""
+    seen: dict[str, set] = {name: set() for name in _choice.LOWERINGS[primitive]}
+    params = {"forward": _fw_params, "backward_data": _bd_params,
+              "backward_weights": _bw_params}[primitive]
+    for p in params():
         op, kernel, variant, groups, nd, fmt, wfmt, lowering = p.values
         plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
         features = seen[lowering]
@@ -760,7 +755,11 @@ def test_the_grid_covers_every_lowering_and_geometry_feature():
               "d, s not coprime", "depthwise", "groups", "auto_pad=same_upper",
               "auto_pad=same_lower", "auto_pad=valid", "auto_pad=None"}
     for lowering, features in seen.items():
-        assert common <= features, (lowering, sorted(common - features))
+        ungrouped_only = lowering in ("matmul_overlap_add", "patches_matmul")
+        needed = common - ({"depthwise", "groups"} if ungrouped_only else set())
+        if lowering == "depthwise":        # depthwise plans only
+            needed -= {"groups", "no groups"}
+        assert needed <= features, (lowering, sorted(needed - features))
 
 
 @pytest.mark.parametrize("lowering", BACKWARD_DATA_LOWERINGS)
@@ -869,7 +868,7 @@ def test_force_lowering_reaches_xla():
         assert not _convolutions(text) and "dot_general" not in text
         # not applicable (more than ELEMENTWISE_MAX_CHANNELS input channels per group): the
         # default choice instead
-        wide = _lowering.ELEMENTWISE_MAX_CHANNELS + 1
+        wide = _forward.ELEMENTWISE_MAX_CHANNELS + 1
         text = _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2),
                     jnp.ones((1, 4, 4, wide), jnp.float32), jnp.ones((3, 3, 2, wide), jnp.float32))
         assert _convolutions(text) or "dot_general" in text
@@ -888,9 +887,9 @@ def test_force_lowering_from_the_environment(monkeypatch):
         return _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2), x, w)
 
     assert not _lhs_dilated(text())
-    monkeypatch.setenv(_lowering.ENV_VAR, " backward_data = direct ")
+    monkeypatch.setenv(_choice.ENV_VAR, " backward_data = direct ")
     assert _lhs_dilated(text())
-    monkeypatch.setenv(_lowering.ENV_VAR, "backward_data=nonesuch")
+    monkeypatch.setenv(_choice.ENV_VAR, "backward_data=nonesuch")
     with pytest.raises(ValueError, match="POLYCONV_JAX_LOWERING: unknown lowering "
                                          "backward_data='nonesuch'"):
         text()
@@ -900,9 +899,9 @@ def test_force_lowering_from_the_environment(monkeypatch):
 
 
 def test_default_lowering_choice():
-    """The measured heuristic (see polyconv_jax._lowering): no strided backward_data is left
+    """The measured heuristic (see polyconv_jax._backward_data): no strided backward_data is left
     to XLA's lhs-dilated convolution."""
-    choose = _lowering.choose_backward_data
+    choose = _backward_data.choose_backward_data
 
     def plan(src, w, **attrs):
         return polyconv.infer_shape("ConvTranspose", src, w, **attrs)
@@ -927,7 +926,7 @@ def test_default_lowering_choice():
         op, kernel, variant, groups, nd, fmt, wfmt, _ = p.values
         grid_plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
         choice = choose(grid_plan)
-        assert not choice.startswith("subpixel") or _lowering.subpixel_is_exact(grid_plan)
+        assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(grid_plan)
         assert (choice == "direct") == all(s == 1 for s in grid_plan.strides)
 
 
@@ -935,7 +934,7 @@ def test_default_lowering_choice():
 # backward_weights lowerings: the same grid, as the weights gradients of those calls
 # --------------------------------------------------------------------------------------------
 
-BACKWARD_WEIGHTS_LOWERINGS = _lowering.LOWERINGS["backward_weights"]
+BACKWARD_WEIGHTS_LOWERINGS = _choice.LOWERINGS["backward_weights"]
 _WEIGHTS_OP = {"conv_transpose": "conv_transpose_backward_weights",
                "convolution_backward_data": "convolution_backward_weights"}
 
@@ -944,9 +943,53 @@ def _bw_params():
     def applies(lowering, groups):
         if lowering == "depthwise":
             return groups in ("dw", "dw2")
+        if lowering == "patches_matmul":
+            return groups == 1
         return lowering != "grouped" or groups != 1
 
     return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
+
+
+# --------------------------------------------------------------------------------------------
+# forward lowerings: the same grid, as the forward-direction op of those calls
+# --------------------------------------------------------------------------------------------
+
+FORWARD_LOWERINGS = _choice.LOWERINGS["forward"]
+_FORWARD_OP = {"conv_transpose": "conv_transpose_backward_data",
+               "convolution_backward_data": "convolution"}
+
+
+def _fw_params():
+    def applies(lowering, groups):
+        if lowering == "patches_matmul":
+            return groups == 1
+        return True   # elementwise: every grid plan has at most 6 channels per group
+
+    return _lowering_params(FORWARD_LOWERINGS, applies)
+
+
+@pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
+                         _fw_params())
+def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,
+                                             lowering):
+    plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
+    large = np.random.default_rng(19).uniform(-1, 1, plan.a_shape)
+    attrs = {k: v for k, v in attrs.items() if k != "dst_shape"}
+    forward_op = _FORWARD_OP[op]
+    if forward_op == "convolution":
+        attrs.pop("output_padding", None)
+    else:
+        attrs["output_padding"] = plan.output_padding   # as dst_shape implied it
+    fplan = polyconv.infer_shape(forward_op, large.shape, arrays[1].shape, **attrs)
+    assert fplan.primitive == "forward"
+    assert (fplan.a_spatial, fplan.b_spatial, fplan.pads_begin) == (
+        plan.a_spatial, plan.b_spatial, plan.pads_begin)
+    assert _forward.forward_applicable(fplan, lowering)
+    with polyconv_jax.force_lowering(forward=lowering):
+        y = getattr(polyconv, forward_op)(jnp.asarray(large), jnp.asarray(arrays[1]), **attrs)
+    ref = reference(forward_op, large, arrays[1], **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
@@ -1020,7 +1063,8 @@ def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
 
 @pytest.mark.parametrize("lowering", BACKWARD_DATA_LOWERINGS)
 @pytest.mark.parametrize(("kernel", "strides", "groups"),
-                         [((3, 2), (2, 3), 2), ((4, 3), (2, 3), 2), ((3, 3), (2, 2), 4)])
+                         [((3, 2), (2, 3), 2), ((4, 3), (2, 3), 2), ((3, 3), (2, 2), 4),
+                          ((3, 3), (2, 2), 1)])
 def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides, groups):
     """A NaN or infinity in ``b`` poisons exactly the outputs that read it (no products with
     zero taps), in every lowering -- except the sub-pixel ones when their window has zero
@@ -1028,11 +1072,11 @@ def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides,
     rng = np.random.default_rng(19)
     attrs = {"strides": strides, "pads_begin": (1, 0), "pads_end": (0, 1), "groups": groups,
              "data_format": "NCX", "weights_format": "IOX"}
-    cin = groups if lowering == "elementwise" else 2 * groups
+    cin = groups if lowering == "elementwise" and groups > 1 else 2 * groups
     x = rng.uniform(-1, 1, (2, cin, 4, 3))
     w = rng.uniform(0.5, 1, (cin, 2, *kernel))                 # IOX [IC, OC/G, K..]
     plan = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs)
-    if not _lowering.applicable(plan, lowering):
+    if not _backward_data.applicable(plan, lowering):
         pytest.skip(f"{lowering} does not apply")
     one = np.zeros_like(x)
     one[1, 1, 2, 1] = 1.0
@@ -1044,19 +1088,19 @@ def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides,
             y = np.asarray(polyconv.conv_transpose(jnp.asarray(poisoned), jnp.asarray(w),
                                                    **attrs))
         local = np.array_equal(~np.isfinite(y), hit)
-        if lowering.startswith("subpixel") and not _lowering.subpixel_is_exact(plan):
+        if lowering.startswith("subpixel") and not _backward_data.subpixel_is_exact(plan):
             assert not local   # the documented exception
         else:
             assert local, (lowering, value)
-    choice = _lowering.choose_backward_data(plan)
+    choice = _backward_data.choose_backward_data(plan)
     assert choice != "direct"
-    assert not choice.startswith("subpixel") or _lowering.subpixel_is_exact(plan)
+    assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(plan)
 
 
 _LOWERINGS_SHARDING_SCRIPT = """
     import numpy as np, jax, jax.numpy as jnp, polyconv, polyconv_jax
+    from polyconv_jax import _choice
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    from polyconv_jax import _lowering
     jax.config.update("jax_enable_x64", True)
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
@@ -1094,7 +1138,7 @@ _LOWERINGS_SHARDING_SCRIPT = """
                     plain = args[primitive]
                     sharded = [jax.device_put(a, batch if a.shape[0] == N else replicated)
                                for a in plain]
-                    for name in _lowering.LOWERINGS[primitive]:
+                    for name in _choice.LOWERINGS[primitive]:
                         with polyconv_jax.force_lowering(**{primitive: name}):
                             got = jax.jit(fn)(*sharded)
                             want = jax.jit(fn)(*plain)
@@ -1120,7 +1164,7 @@ def test_every_lowering_keeps_a_batch_sharding():
 
 
 # --------------------------------------------------------------------------------------------
-# one padded row for unpadded 2-D convolutions on CPU (_lowering._conv_general)
+# one padded row for unpadded 2-D convolutions on CPU (_xla._conv_general)
 # --------------------------------------------------------------------------------------------
 
 
@@ -1130,7 +1174,7 @@ def pad_every_unpadded_conv(monkeypatch):
     (compiled executables are dropped before and after, so none is reused across the
     threshold)."""
     jax.clear_caches()
-    monkeypatch.setattr(_lowering, "PAD_FAST_PATH_MACS", 0)
+    monkeypatch.setattr(_xla, "PAD_FAST_PATH_MACS", 0)
     yield
     jax.clear_caches()
 

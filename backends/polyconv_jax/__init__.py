@@ -31,39 +31,43 @@ from typing import Any
 
 from polyconv import ConvPlan
 
-from . import _lowering
-from ._lowering import canonical_precision, force_lowering
+from . import _primitives
+from ._choice import LOWERINGS, autotune, force_lowering, measured_choices
+from ._primitives import prepare
+from ._xla import canonical_precision
 
-__all__ = ["BACKEND", "JaxBackend", "canonical_precision", "force_lowering"]
+__all__ = ["BACKEND", "LOWERINGS", "JaxBackend", "autotune", "canonical_precision",
+           "force_lowering", "measured_choices"]
 
 
 class JaxBackend:
-    """The three primitives of SPEC §3 on JAX (see :class:`polyconv.Backend`)."""
+    """The three primitives of the canonical convolution on JAX (see
+    :class:`polyconv.Backend`)."""
 
     name = "jax"
 
     @staticmethod
-    def _static(plan: ConvPlan):
+    def _static(plan: ConvPlan, *arrays):
+        """The arrays as JAX arrays, and the static arguments: the plan keyed on geometry
+        (one jit cache entry for an op and its aliases), the precision in canonical
+        (hashable) form, and the lowering-choice settings in force."""
+        arrays = prepare(plan, *arrays)
         precision = canonical_precision(plan.op, plan.precision)
-        # the precision travels as its own static argument, in canonical (hashable) form
-        return plan.with_(precision=None), precision
+        static = (plan.with_(precision=None, op=plan.primitive), precision,
+                  _primitives._choice.settings())
+        return static, arrays
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> Any:
-        plan, precision = self._static(plan)
-        a, w, bias = _lowering.prepare(plan, a, w, bias)
-        return _lowering.forward(plan, precision, a, w, bias)
+        static, args = self._static(plan, a, w, bias)
+        return _primitives.forward(*static, *args)
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> Any:
-        plan, precision = self._static(plan)
-        b, w, bias = _lowering.prepare(plan, b, w, bias)
-        return _lowering.backward_data(plan, precision, b, w, bias,
-                                       lowering=_lowering.requested("backward_data"))
+        static, args = self._static(plan, b, w, bias)
+        return _primitives.backward_data(*static, *args)
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> Any:
-        plan, precision = self._static(plan)
-        a, b = _lowering.prepare(plan, a, b)
-        return _lowering.backward_weights(plan, precision, a, b,
-                                          lowering=_lowering.requested("backward_weights"))
+        static, args = self._static(plan, a, b)
+        return _primitives.backward_weights(*static, *args)
 
 
 BACKEND = JaxBackend()

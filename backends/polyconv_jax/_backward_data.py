@@ -1,0 +1,652 @@
+"""backward_data lowerings (``b, W -> a``): the direct lhs-dilated convolution and the phase
+(sub-pixel) decompositions that avoid it, with the default policy that picks one.
+
+Notation and the measurements behind the policy: the docs page "JAX lowerings".
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from polyconv import ConvPlan
+
+from ._forward import ELEMENTWISE_MAX_CHANNELS
+from ._xla import _conv_general, _data_spec, _dnums, _merge, _regroup
+
+
+def _direct(plan: ConvPlan, precision, b, w):
+    """One stride-1 convolution of ``b`` dilated by ``s`` (``lhs_dilation``)."""
+    data = _data_spec(plan)
+    perm = plan.weights_perm
+    eks = plan.effective_kernel
+    w = lax.rev(w, perm[2:])
+    if plan.groups > 1:
+        w = _regroup(w, perm[0], perm[1], plan.groups)
+    padding = [(ek - 1 - pb, x + pb - 1 - (y - 1) * s)
+               for x, y, s, ek, pb in zip(plan.a_spatial, plan.b_spatial, plan.strides, eks,
+                                          plan.pads_begin)]
+    # The transposed kernel: out-feature = the Ca axis, in-feature = the Cb axis.
+    return _conv_general(
+        b, w, window_strides=(1,) * plan.ndim, padding=padding, lhs_dilation=plan.strides,
+        rhs_dilation=plan.dilations,
+        dimension_numbers=_dnums(data, (perm[1], perm[0], *perm[2:]), data),
+        feature_group_count=plan.groups, precision=precision,
+        preferred_element_type=plan.acc_dtype)
+
+
+@dataclass(frozen=True)
+class _Phases:
+    """One spatial axis of backward_data, split into its ``s`` output phases.
+
+    In padded coordinates ``X = x + pb`` the product of ``b[y]`` and tap ``k`` lands at
+    ``X = y*s + k*d``. Write ``X = q*s + r``: row ``q`` of phase ``r`` receives exactly the
+    taps with ``k*d = r (mod s)``, each from ``y = q - m_k``, ``m_k = (k*d - r) // s``; the
+    taps of one phase are ``step = s/gcd(d, s)`` apart and their shifts ``m_k`` are
+    ``dd = d/gcd(d, s)`` apart. Rows ``q`` in ``[q_lo, q_lo + rows)`` of every phase,
+    interleaved, cover the padded range ``[q_lo*s, (q_lo + rows)*s)``, which contains the
+    output ``[pb, pb + A)``; the output starts ``crop = pb - q_lo*s`` rows in.
+    """
+
+    s: int
+    size: int                             # A: the output rows
+    small: int                            # B: the input rows
+    q_lo: int
+    rows: int
+    crop: int
+    taps: tuple[tuple[int, ...], ...]     # per phase: its taps k, ascending
+    shifts: tuple[tuple[int, ...], ...]   # per phase: m_k of those taps
+    step: int
+    dd: int
+
+    @property
+    def top(self) -> int:
+        """The largest shift of any tap: the first row of the fused (sub-pixel) kernel."""
+        return max(m for ms in self.shifts for m in ms)
+
+    @property
+    def bottom(self) -> int:
+        return min(m for ms in self.shifts for m in ms)
+
+    def padding(self, top: int, window: int) -> tuple[int, int]:
+        """Pads of ``b`` for a stride-1 window of ``window`` rows whose first row reads
+        ``b[q - top]`` for output row ``q``: the output rows are ``q_lo .. q_lo+rows-1``."""
+        lo = top - self.q_lo
+        return lo, self.rows + window - 1 - self.small - lo
+
+
+@functools.lru_cache(maxsize=256)
+def _phases(plan: ConvPlan) -> tuple[_Phases, ...]:
+    out = []
+    for a, bsz, k, s, d, pb in zip(plan.a_spatial, plan.b_spatial, plan.kernel, plan.strides,
+                                   plan.dilations, plan.pads_begin):
+        q_lo = pb // s
+        rows = -(-(pb + a) // s) - q_lo
+        taps = tuple(tuple(t for t in range(k) if (t * d) % s == r) for r in range(s))
+        shifts = tuple(tuple((t * d - r) // s for t in ts) for r, ts in enumerate(taps))
+        g = math.gcd(d, s)
+        out.append(_Phases(s, a, bsz, q_lo, rows, pb - q_lo * s, taps, shifts, s // g,
+                           d // g))
+    return tuple(out)
+
+
+def _interleave(plan: ConvPlan, axes: tuple[_Phases, ...], parts: dict,
+                group_major: bool = False):
+    """Interleave the phase outputs (``parts[r]``, rows ``q_lo..``) and crop to ``A``.
+
+    ``parts[r]`` is in the user's data layout, or ``[G, N, R.., Ca/G]`` with
+    ``group_major``. All phases are stacked once and one transpose puts phase ``r_i`` right
+    after spatial axis ``i`` (row ``q*s + r``), so XLA copies the output once (stack and
+    transpose fuse), then the padded range is cropped to the output rows.
+    """
+    nd = plan.ndim
+    steps = tuple(p.s for p in axes)
+    y = jnp.stack([parts[r] for r in itertools.product(*(range(s) for s in steps))])
+    y = y.reshape((*steps, *y.shape[1:]))
+    phase = range(nd)
+    if group_major:            # parts [G, N, R.., o]: G at nd, N at nd+1, R_i at nd+2+i
+        rows = [nd + 2 + i for i in range(nd)]
+        lead, tail = ([nd + 1], [nd, 2 * nd + 2]) if plan.channels_last else (
+            [nd + 1, nd, 2 * nd + 2], [])
+    elif plan.channels_last:   # parts [N, R.., C]
+        rows = [nd + 1 + i for i in range(nd)]
+        lead, tail = [nd], [2 * nd + 1]
+    else:                      # parts [N, C, R..]
+        rows = [nd + 2 + i for i in range(nd)]
+        lead, tail = [nd, nd + 1], []
+    order = (*lead, *itertools.chain.from_iterable(zip(rows, phase)), *tail)
+    y = jnp.transpose(y, order)
+    sizes = tuple(y.shape[len(lead) + 2 * i] * s for i, s in enumerate(steps))
+    if plan.channels_last:
+        y = _merge(y, (plan.batch, *sizes, plan.a_channels))
+    else:
+        y = _merge(y, (plan.batch, plan.a_channels, *sizes))
+    return _crop(plan, axes, y)
+
+
+def _crop(plan: ConvPlan, axes: tuple[_Phases, ...], y):
+    start, limit = [0] * y.ndim, list(y.shape)
+    for ax, p in zip(plan.spatial_axes, axes):
+        start[ax], limit[ax] = p.crop, p.crop + p.size
+    if tuple(start) == (0,) * y.ndim and tuple(limit) == y.shape:
+        return y
+    return lax.slice(y, start, limit)
+
+
+def _phase_shape(plan: ConvPlan, axes: tuple[_Phases, ...]) -> tuple[int, ...]:
+    rows = tuple(p.rows for p in axes)
+    if plan.channels_last:
+        return (plan.batch, *rows, plan.a_channels)
+    return (plan.batch, plan.a_channels, *rows)
+
+
+def _by_phase(plan: ConvPlan, precision, b, w):
+    """``prod(s)`` stride-1 convolutions, one per phase, with exactly that phase's taps.
+
+    Phase ``r``'s kernel is the taps ``k = r' + j*step`` (every ``step``-th tap, reversed: a
+    correlation), dilated by ``dd``; a phase that no tap reaches is zeros. No multiply-add is
+    wasted, but XLA runs ``prod(s)`` convolutions and the interleave copies the output once.
+    """
+    axes = _phases(plan)
+    data = _data_spec(plan)
+    perm = plan.weights_perm
+    dnums = _dnums(data, (perm[1], perm[0], *perm[2:]), data)
+    parts = {}
+    for r in itertools.product(*(range(p.s) for p in axes)):
+        taps = [p.taps[ri] for p, ri in zip(axes, r)]
+        if not all(taps):
+            parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
+            continue
+        sub = w
+        for i, (p, t) in enumerate(zip(axes, taps)):
+            sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.step, perm[2 + i])
+        sub = lax.rev(sub, perm[2:])
+        if plan.groups > 1:
+            sub = _regroup(sub, perm[0], perm[1], plan.groups)
+        padding = [p.padding(p.shifts[ri][-1], (len(t) - 1) * p.dd + 1)
+                   for p, ri, t in zip(axes, r, taps)]
+        parts[r] = _conv_general(
+            b, sub, window_strides=(1,) * plan.ndim, padding=padding,
+            rhs_dilation=tuple(p.dd for p in axes), dimension_numbers=dnums,
+            feature_group_count=plan.groups, precision=precision,
+            preferred_element_type=plan.acc_dtype)
+    return _interleave(plan, axes, parts)
+
+
+def _fused_kernel(plan: ConvPlan, w):
+    """The sub-pixel kernel ``[Cb, Ca/G, L1, s1, .., Ld, sd]`` (canonical channel order).
+
+    Row ``j`` of axis ``i``, phase ``r``, holds the tap ``k`` with shift ``m_k = top - j`` in
+    phase ``r``, or zero where that phase has no such tap (a gather from the kernel with one
+    zero tap appended: exact, and differentiable).
+    """
+    w = jnp.transpose(w, plan.weights_perm)       # [Cb, Ca/G, K..]
+    zero = jnp.zeros((), w.dtype)
+    for i, (p, k) in enumerate(zip(_phases(plan), plan.kernel)):
+        axis = 2 + 2 * i                           # earlier axes already split in (L, s)
+        top, length = p.top, p.top - p.bottom + 1
+        index = np.full((length, p.s), k)          # k: the appended zero tap
+        for r, (ks, ms) in enumerate(zip(p.taps, p.shifts)):
+            for t, m in zip(ks, ms):
+                index[top - m, r] = t
+        config = [(0, 0, 0)] * w.ndim
+        config[axis] = (0, 1, 0)
+        w = jnp.take(lax.pad(w, zero, config), index.reshape(-1), axis=axis)
+        w = w.reshape((*w.shape[:axis], length, p.s, *w.shape[axis + 1:]))
+    return w
+
+
+def _subpixel(plan: ConvPlan, precision, b, w):
+    """One stride-1 convolution into ``prod(s)`` times the channels, then depth-to-space.
+
+    All phases share one window of ``L = top - bottom + 1`` rows per axis (the union of the
+    phases' shifts); a phase's missing taps are zeros, so this does ``prod(L*s)/prod(K)``
+    times the multiply-adds of the exact sum (1.78x for k3 s2 in 2-D, 1 for k16 s8) but is a
+    single, dense, stride-1 XLA convolution. Output channels are ordered
+    ``[G, s1..sd, Ca/G]`` (feature groups must be outermost).
+    """
+    axes = _phases(plan)
+    nd, g = plan.ndim, plan.groups
+    ca_g = plan.a_channels // g
+    fused = _fused_kernel(plan, w)                 # [Cb, Ca/G, L1, s1, ..]
+    lengths = fused.shape[2::2]
+    fused = fused.reshape((g, plan.b_channels // g, *fused.shape[1:]))
+    # -> [Cb/G, G, s1..sd, Ca/G, L1..Ld]
+    order = (1, 0, *(4 + 2 * i for i in range(nd)), 2, *(3 + 2 * i for i in range(nd)))
+    fused = jnp.transpose(fused, order)
+    phases = math.prod(p.s for p in axes)
+    fused = fused.reshape((plan.b_channels // g, g * phases * ca_g, *lengths))
+    padding = [p.padding(p.top, n) for p, n in zip(axes, lengths)]
+    data = _data_spec(plan)
+    y = _conv_general(
+        b, fused, window_strides=(1,) * nd, padding=padding,
+        dimension_numbers=_dnums(data, (1, 0, *range(2, nd + 2)), data),
+        feature_group_count=g, precision=precision, preferred_element_type=plan.acc_dtype)
+    rows = y.shape[plan.spatial_axes[0]:plan.spatial_axes[0] + nd]
+    steps = tuple(p.s for p in axes)
+    if plan.channels_last:   # [N, R.., G, s.., Ca/G] -> [N, R1, s1, .., Rd, sd, G, Ca/G]
+        y = y.reshape((plan.batch, *rows, g, *steps, ca_g))
+        order = (0, *itertools.chain.from_iterable((1 + i, nd + 2 + i) for i in range(nd)),
+                 nd + 1, 2 * nd + 2)
+        y = _merge(jnp.transpose(y, order),
+                   (plan.batch, *(n * s for n, s in zip(rows, steps)), plan.a_channels))
+    else:                    # [N, G, s.., Ca/G, R..] -> [N, G, Ca/G, R1, s1, .., Rd, sd]
+        y = y.reshape((plan.batch, g, *steps, ca_g, *rows))
+        order = (0, 1, nd + 2,
+                 *itertools.chain.from_iterable((nd + 3 + i, 2 + i) for i in range(nd)))
+        y = _merge(jnp.transpose(y, order),
+                   (plan.batch, plan.a_channels, *(n * s for n, s in zip(rows, steps))))
+    return _crop(plan, axes, y)
+
+
+def _group_major(plan: ConvPlan, x, channels: int):
+    """A data tensor in the user's layout as ``[G, N, X.., C/G]`` (outer group split)."""
+    nd, g = plan.ndim, plan.groups
+    if plan.channels_last:
+        return jnp.moveaxis(x.reshape((*x.shape[:-1], g, channels // g)), nd + 1, 0)
+    x = x.reshape((plan.batch, g, channels // g, *x.shape[2:]))
+    return jnp.transpose(x, (1, 0, *range(3, nd + 3), 2))
+
+
+def _windows(plan: ConvPlan, b):
+    """``b`` group-major and padded for every phase's window: ``[G, N, B'.., Cb/G]``.
+
+    Padded so that output row ``q_lo`` of every phase reads its tap with shift ``m`` at
+    index ``top - m`` (``top``: the largest shift on that axis).
+    """
+    x = _group_major(plan, b, plan.b_channels)
+    config = [(0, 0, 0)] * x.ndim
+    for i, p in enumerate(_phases(plan)):
+        config[2 + i] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+    return lax.pad(x, jnp.zeros((), x.dtype), config)
+
+
+def _product(plan: ConvPlan, precision, x, offsets, kernel, unroll: int = 8):
+    """``sum_t x[.., offset_t + rows.., :] @ kernel[:, t]``, one matrix product per group.
+
+    ``x`` from :func:`_windows`; ``offsets``: per tap a tuple of start rows; ``kernel``:
+    ``[G, T*Cb/G, cols]``. The shifted windows are stacked into patches
+    ``[G, N, R.., T*Cb/G]`` (``T`` times the input's memory; batch and rows stay separate
+    axes, for sharding). Up to ``unroll`` groups get a product each; more groups, one
+    ``dot_general`` batched over them. Returns ``[G, N, R.., cols]`` in the accumulation
+    dtype.
+    """
+    g, n = x.shape[0], x.shape[1]
+    rows = tuple(p.rows for p in _phases(plan))
+    windows = [lax.slice(x, (0, 0, *offset, 0),
+                         (g, n, *(o + r for o, r in zip(offset, rows)), x.shape[-1]))
+               for offset in offsets]
+    patches = jnp.stack(windows, axis=-2)
+    patches = patches.reshape((*patches.shape[:-2], len(offsets) * x.shape[-1]))
+    last = patches.ndim - 1
+    if g <= unroll:
+        return jnp.stack([lax.dot_general(patches[i], kernel[i], (((last - 1,), (0,)), ((), ())),
+                                          precision=precision,
+                                          preferred_element_type=plan.acc_dtype)
+                          for i in range(g)])
+    return lax.dot_general(patches, kernel, (((last,), (1,)), ((0,), (0,))),
+                           precision=precision, preferred_element_type=plan.acc_dtype)
+
+
+def _subpixel_matmul(plan: ConvPlan, precision, b, w):
+    """The sub-pixel product of :func:`_subpixel` as explicit matrix products.
+
+    Patches of all ``T = prod(L)`` window rows (see :func:`_product`) times the sub-pixel
+    kernel ``[G, T*Cb/G, prod(s)*Ca/G]``, then depth-to-space. No convolution: XLA's CPU
+    matrix products beat its small-window and grouped convolutions, and the wide right-hand
+    side (``prod(s)*Ca/G`` columns) keeps them efficient for narrow channels.
+    """
+    axes = _phases(plan)
+    nd, g = plan.ndim, plan.groups
+    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
+    fused = _fused_kernel(plan, w)                 # [Cb, Ca/G, L1, s1, ..]
+    lengths = fused.shape[2::2]
+    steps = tuple(p.s for p in axes)
+    fused = fused.reshape((g, cb_g, ca_g, *fused.shape[2:]))
+    # -> [G, L1..Ld, Cb/G, s1..sd, Ca/G]
+    order = (0, *(3 + 2 * i for i in range(nd)), 1, *(4 + 2 * i for i in range(nd)), 2)
+    fused = jnp.transpose(fused, order).reshape(
+        (g, math.prod(lengths) * cb_g, math.prod(steps) * ca_g))
+    offsets = list(itertools.product(*(range(n) for n in lengths)))
+    y = _product(plan, precision, _windows(plan, b), offsets, fused)
+    rows = y.shape[2:2 + nd]
+    y = y.reshape((g, plan.batch, *rows, *steps, ca_g))
+    interleaved = tuple(itertools.chain.from_iterable((2 + i, 2 + nd + i) for i in range(nd)))
+    sizes = tuple(r * s for r, s in zip(rows, steps))
+    if plan.channels_last:   # -> [N, R1, s1, .., Rd, sd, G, Ca/G]
+        y = jnp.transpose(y, (1, *interleaved, 0, 2 + 2 * nd))
+        y = _merge(y, (plan.batch, *sizes, plan.a_channels))
+    else:                    # -> [N, G, Ca/G, R1, s1, .., Rd, sd]
+        y = jnp.transpose(y, (1, 0, 2 + 2 * nd, *interleaved))
+        y = _merge(y, (plan.batch, plan.a_channels, *sizes))
+    return _crop(plan, axes, y)
+
+
+def _phases_matmul(plan: ConvPlan, precision, b, w):
+    """The phases of :func:`_by_phase` as explicit matrix products: exact multiply-adds.
+
+    Per phase, patches of its ``T_r`` taps (see :func:`_product`) times the kernel
+    ``[G, T_r*Cb/G, Ca/G]`` of those taps; then the phases are interleaved.
+    """
+    axes = _phases(plan)
+    g = plan.groups
+    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
+    wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
+    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    x = _windows(plan, b)
+    parts = {}
+    for r in itertools.product(*(range(p.s) for p in axes)):
+        taps = list(itertools.product(*(zip(p.taps[ri], p.shifts[ri])
+                                        for p, ri in zip(axes, r))))
+        if not taps:
+            parts[r] = jnp.zeros((g, plan.batch, *(p.rows for p in axes), ca_g),
+                                 plan.acc_dtype)
+            continue
+        kernel = jnp.stack([wc[(slice(None),) * 3 + tuple(k for k, _ in tap)]
+                            for tap in taps], axis=1)           # [G, T, Cb/G, Ca/G]
+        kernel = kernel.reshape((g, len(taps) * cb_g, ca_g))
+        offsets = [tuple(p.top - m for p, (_, m) in zip(axes, tap)) for tap in taps]
+        parts[r] = _product(plan, precision, x, offsets, kernel)
+    return _interleave(plan, axes, parts, group_major=True)
+
+
+def _elementwise(plan: ConvPlan, precision, b, w):
+    """Shift-and-multiply-add, for few input channels per group (``Cb/G``; 1 is depthwise,
+    with any channel multiplier ``Ca/G``).
+
+    Each phase is a sum, over its taps and the ``Cb/G`` input channels of a group, of a
+    shifted window of one channel of ``b`` times that tap's ``[G, Ca/G]`` weights, in the
+    accumulation dtype: one fused XLA loop per phase, ``Cb/G`` times the taps' multiply-adds
+    per output, no matrix product (with ``Cb/G`` that small there is little to contract).
+    Then the phases are interleaved. ``precision`` has no effect: products of the
+    accumulation dtype are exact per element.
+    """
+    del precision
+    axes = _phases(plan)
+    nd, g = plan.ndim, plan.groups
+    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
+    acc = plan.acc_dtype
+    wc = jnp.transpose(w, plan.weights_perm).astype(acc)   # [Cb, Ca/G, K..]
+    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    tops = tuple(p.top for p in axes)
+    lengths = tuple(p.top - p.bottom + 1 for p in axes)
+    config = [(0, 0, 0)] * b.ndim
+    for ax, p, n in zip(plan.spatial_axes, axes, lengths):
+        config[ax] = (*p.padding(p.top, n), 0)
+    bp = lax.pad(b.astype(acc), jnp.zeros((), acc), config)
+    # channels split into (G, Cb/G); one input channel of each group is sliced out per term,
+    # its unit axis broadcasts against the Ca/G outputs
+    c = plan.channel_axis
+    bp = bp.reshape((*bp.shape[:c], g, cb_g, *bp.shape[c + 1:]))
+    spatial = tuple(ax + (ax > c) for ax in plan.spatial_axes)
+    wshape = (g, ca_g) + (() if plan.channels_last else (1,) * nd)
+    parts = {}
+    for r in itertools.product(*(range(p.s) for p in axes)):
+        total = None
+        for tap in itertools.product(*(zip(p.taps[ri], p.shifts[ri])
+                                       for p, ri in zip(axes, r))):
+            start = [0] * bp.ndim
+            limit = list(bp.shape)
+            for ax, p, top, (_, m) in zip(spatial, axes, tops, tap):
+                start[ax] = top - m
+                limit[ax] = top - m + p.rows
+            ks = tuple(k for k, _ in tap)
+            for i in range(cb_g):
+                start[c + 1], limit[c + 1] = i, i + 1
+                term = lax.slice(bp, start, limit) * wc[(slice(None), i, slice(None), *ks)
+                                                        ].reshape(wshape)
+                total = term if total is None else total + term
+        if total is None:
+            parts[r] = jnp.zeros(_phase_shape(plan, axes), acc)
+        else:
+            parts[r] = _merge(total, _phase_shape(plan, axes))
+    return _interleave(plan, axes, parts)
+
+
+def _folded(plan: ConvPlan, precision, b, w):
+    """The phases with the first spatial axis's taps stacked along channels, the other axes
+    by one stride-1 convolution per phase over a tensor whose first two spatial axes are
+    folded (merged) into one.
+
+    Per phase ``r0`` of the first axis its ``T0`` shifted windows of ``b`` are stacked along
+    channels (``T0`` times ``b``'s memory, ``[G, T0, Cb/G]`` channel order); the first two
+    spatial axes, rows ``R0`` and the padded ``B1'``, are merged, and each phase of the other
+    axes is one convolution with exactly its taps (channels ``T0*Cb/G`` -> ``Ca/G`` per
+    group), the second axis's taps running along the merged axis. Merged rows whose window
+    runs past the end of a ``B1'`` row (into the next) are computed and cropped; no output
+    reads them. So a 3-D problem is 2-D convolutions (which XLA CPU runs well, unlike its 3-D
+    ones), no product is wasted on zero taps, and only one axis's taps are materialised.
+    """
+    axes = _phases(plan)
+    nd, g = plan.ndim, plan.groups
+    first, rest = axes[0], axes[1:]
+    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
+    sa = plan.spatial_axes
+    config = [(0, 0, 0)] * b.ndim
+    for ax, p in zip(sa, axes):
+        config[ax] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+    x = lax.pad(b, jnp.zeros((), b.dtype), config)             # user layout, padded
+    c = plan.channel_axis
+    x = x.reshape((*x.shape[:c], g, cb_g, *x.shape[c + 1:]))    # channels split (G, Cb/G)
+    folded = nd > 1
+    b1 = x.shape[sa[1] + (c < sa[1])] if folded else 1
+    # the convolution's operands: rank nd+1 (nd-1 spatial axes; 1 in 1-D, of window 1)
+    cn = max(nd - 1, 1)
+    data = (0, cn + 1, *range(1, cn + 1)) if plan.channels_last else (0, 1, *range(2, cn + 2))
+    dnums = _dnums(data, (1, 0, *range(2, cn + 2)), data)      # kernel [in, out, window..]
+    wc = jnp.transpose(w, plan.weights_perm)                     # [Cb, Ca/G, K..]
+    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    phase_shape = _phase_shape(plan, axes)
+    parts = {}
+    for r0 in range(first.s):
+        taps0 = list(zip(first.taps[r0], first.shifts[r0]))
+        if not taps0:
+            for rr in itertools.product(*(range(p.s) for p in rest)):
+                parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
+            continue
+        ax0 = sa[0] + (c < sa[0])                                # after the channel split
+        windows = [lax.slice_in_dim(x, first.top - m, first.top - m + first.rows, axis=ax0)
+                   for _, m in taps0]
+        xd = jnp.stack(windows, axis=c + 1)                      # channels [G, T0, Cb/G]
+        xd = _merge(xd, (*xd.shape[:c], g * len(taps0) * cb_g, *xd.shape[c + 3:]))
+        if folded:                                               # merge R0 and B1'
+            xd = xd.reshape((*xd.shape[:sa[0]], first.rows * b1, *xd.shape[sa[0] + 2:]))
+        # kernel [T0*Cb/G, G*Ca/G, K_rest..]
+        k0 = jnp.stack([wc[:, :, :, k] for k, _ in taps0], axis=1)   # [G, T0, Cb/G, Ca/G, ..]
+        k0 = jnp.moveaxis(k0, 0, 2)                                  # [T0, Cb/G, G, Ca/G, ..]
+        k0 = k0.reshape((len(taps0) * cb_g, g * ca_g, *k0.shape[4:]))
+        for rr in itertools.product(*(range(p.s) for p in rest)):
+            taps = [p.taps[ri] for p, ri in zip(rest, rr)]
+            if not all(taps):
+                parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
+                continue
+            sub = k0
+            for i, (p, t) in enumerate(zip(rest, taps)):
+                sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.step, 2 + i)
+            sub = lax.rev(sub, tuple(range(2, 1 + nd)))          # a correlation
+            # the window's first row is the phase's last tap: offset top - m (x is padded for
+            # every tap's offset top - m); the merged axis keeps R0*B1' rows, the others rows
+            padding = []
+            for i, (p, ri, t) in enumerate(zip(rest, rr, taps)):
+                extent = (len(t) - 1) * p.dd + 1
+                lo = p.shifts[ri][-1] - p.top
+                hi = extent - 1 - lo if i == 0 else p.bottom - p.top + extent - 1 - lo
+                padding.append((lo, hi))
+            if not folded:
+                sub = sub[..., None]
+                padding = [(0, 0)]
+            z = _conv_general(
+                xd, sub, window_strides=(1,) * cn, padding=padding,
+                rhs_dilation=tuple(p.dd for p in rest) or (1,), dimension_numbers=dnums,
+                feature_group_count=g, precision=precision,
+                preferred_element_type=plan.acc_dtype)
+            if folded:                                           # split, crop to rows
+                z = z.reshape((*z.shape[:sa[0]], first.rows, b1, *z.shape[sa[0] + 1:]))
+                z = lax.slice_in_dim(z, 0, rest[0].rows, axis=sa[0] + 1)
+            parts[(r0, *rr)] = z
+    return _interleave(plan, axes, parts)
+
+
+def _grouped(plan: ConvPlan, precision, b, w):
+    """One ungrouped backward_data per group (each by :func:`choose_backward_data`), joined
+    along the channel axis: group ``g`` reads channels ``[g*Cb/G, (g+1)*Cb/G)`` of ``b`` and
+    rows ``[g*Cb/G, ..)`` of ``W`` and writes channels ``[g*Ca/G, ..)``. XLA's CPU grouped
+    convolutions (``feature_group_count``) cost about as much as ungrouped ones; G separate
+    products cost ``1/G`` each.
+    """
+    g = plan.groups
+    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
+    sub = plan.with_(groups=1, b_channels=cb_g, a_channels=ca_g)
+    from ._choice import choose  # the inner problems are chosen like any other
+
+    inner = BACKWARD_DATA[choose("backward_data", sub, precision)]
+    parts = [inner(sub, precision,
+                   lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=plan.channel_axis),
+                   lax.slice_in_dim(w, i * cb_g, (i + 1) * cb_g, axis=plan.weights_perm[0]))
+             for i in range(g)]
+    return jnp.concatenate(parts, axis=plan.channel_axis)
+
+
+def _matmul_overlap_add(plan: ConvPlan, precision, b, w):
+    """Multiply first, then overlap-add (GEMM + col2im), for a narrow output side.
+
+    One matrix product of ``b`` (``[rows, Cb]``) with every tap's weights at once
+    (``[Cb, Ca*prod(K)]``) gives each input row's contribution to every tap; each output phase
+    is then the sum of its taps' shifted slices of that product (one fused XLA loop per
+    phase), interleaved. Nothing is gathered before the product, so when ``Ca*prod(K)`` is
+    small (few output channels: an image or volume decoder's last layer) this reads ``b``
+    once where the phase lowerings copy it once per tap. Ungrouped plans only.
+    """
+    axes = _phases(plan)
+    nd = plan.ndim
+    ca, cb = plan.a_channels, plan.b_channels
+    wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca, K..]
+    wm = wc.reshape((cb, ca * math.prod(plan.kernel)))
+    y = lax.dot_general(b, wm, (((plan.channel_axis,), (0,)), ((), ())),
+                        precision=precision, preferred_element_type=plan.acc_dtype)
+    y = y.reshape((plan.batch, *plan.b_spatial, ca, *plan.kernel))   # [N, B.., Ca, K..]
+    config = [(0, 0, 0)] * y.ndim
+    for i, p in enumerate(axes):
+        config[1 + i] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+    y = lax.pad(y, jnp.zeros((), y.dtype), config)
+    parts = {}
+    for r in itertools.product(*(range(p.s) for p in axes)):
+        total = None
+        for tap in itertools.product(*(zip(p.taps[ri], p.shifts[ri])
+                                       for p, ri in zip(axes, r))):
+            start = [0, *(p.top - m for p, (_, m) in zip(axes, tap)), 0,
+                     *(k for k, _ in tap)]
+            limit = [plan.batch, *(s0 + p.rows for s0, p in zip(start[1:], axes)), ca,
+                     *(k + 1 for k, _ in tap)]
+            term = lax.slice(y, start, limit).reshape(
+                (plan.batch, *(p.rows for p in axes), ca))
+            total = term if total is None else total + term
+        if total is None:
+            parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
+        elif plan.channels_last:
+            parts[r] = total
+        else:
+            parts[r] = jnp.moveaxis(total, nd + 1, 1)
+    return _interleave(plan, axes, parts)
+
+
+#: the default policy takes ``elementwise`` up to this many input channels per group (it can
+#: compute up to ``ELEMENTWISE_MAX_CHANNELS``; between the two a matrix product was faster)
+ELEMENTWISE_POLICY_CHANNELS = 4
+
+#: the backward_data lowerings, by name (see :func:`choose_backward_data`)
+BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phases_matmul,
+                 "subpixel": _subpixel, "subpixel_matmul": _subpixel_matmul,
+                 "phases_folded": _folded, "elementwise": _elementwise,
+                 "grouped": _grouped, "matmul_overlap_add": _matmul_overlap_add}
+
+
+def applicable(plan: ConvPlan, lowering: str) -> bool:
+    """Whether ``lowering`` can compute ``plan``'s backward_data."""
+    if lowering == "elementwise":
+        return plan.b_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
+    if lowering == "grouped":
+        return plan.groups > 1
+    if lowering == "matmul_overlap_add":
+        return plan.groups == 1
+    return lowering in BACKWARD_DATA
+
+
+def direct_aborts_xla_cpu(plan: ConvPlan) -> bool:
+    """Whether XLA CPU (jaxlib 0.10.2) may abort the process compiling the ``direct``
+    lowering's lhs-dilated convolution: its ``algebraic_simplifier`` check fails ("Window
+    dimensions do not match RHS shape") when one axis has a window equal to its dilation and
+    no padding and another axis does not -- e.g. the input gradient ``jax.vjp`` gives for a
+    stride-2 convolution with kernel (3, 2) and pads 1. This over-approximates it; such
+    plans never get the ``direct`` lowering on CPU unless it is forced."""
+    axes = []
+    for a, b, s, ek, pb in zip(plan.a_spatial, plan.b_spatial, plan.strides,
+                               plan.effective_kernel, plan.pads_begin):
+        axes.append((s, ek, ek - 1 - pb, a + pb - 1 - (b - 1) * s))
+    return (any(s > 1 and ek == s and lo == hi == 0 for s, ek, lo, hi in axes)
+            and len(set(axes)) > 1)
+
+
+def subpixel_is_exact(plan: ConvPlan) -> bool:
+    """Whether the sub-pixel window holds only real taps (every phase of every axis has a tap
+    at every window row: k4 s2, k16 s8, k2 s2, ..., not k3 s2).
+
+    Only then do ``subpixel`` and ``subpixel_matmul`` form exactly the products of the
+    definition; otherwise their zero taps meet ``b`` too, and a NaN or infinity in ``b``
+    reaches outputs that do not read it (``0 * inf = nan``). The default choice never makes
+    such products.
+    """
+    for p in _phases(plan):
+        window = tuple(range(p.bottom, p.top + 1))
+        if any(ms != window for ms in p.shifts):
+            return False
+    return True
+
+
+def choose_backward_data(plan: ConvPlan) -> str:
+    """The backward_data lowering for a plan (measured on XLA CPU: see the module docstring).
+
+    Only lowerings that form exactly the products of SPEC §3 are chosen (NaN and infinity in
+    ``b`` reach exactly the outputs that read them): ``subpixel*`` only where
+    :func:`subpixel_is_exact`.
+
+    1. No stride: ``direct`` (nothing to decompose; one stride-1 convolution).
+    2. Groups with at most 4 input channels each (depthwise: 1, any channel multiplier):
+       ``elementwise``.
+    3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
+       up to 32 groups, else ``phases_matmul`` (products batched over the groups).
+    4. At most one tap per phase (k2 s2, k1 s2, ...): ``phases_matmul`` (each phase is one
+       plain matrix product).
+    5. Narrow channels (``min(Cb, Ca) <= 16``): ``subpixel_matmul`` where exact, else
+       ``phases_matmul``.
+    6. 2-D: ``phases``; for float16/bfloat16 ``phases_matmul`` (XLA CPU's 16-bit matrix
+       products are faster than its 16-bit convolutions).
+    7. 1-D: ``subpixel`` where exact (k16 s8), else ``phases``.
+    8. 3-D: ``phases_folded`` (2-D convolutions; XLA CPU's small-window 3-D convolutions are
+       slow, and ``phases_matmul``'s patches of all taps cost more than its products).
+    9. 4-D and up: ``phases_matmul``.
+    """
+    if all(s == 1 for s in plan.strides):
+        return "direct"
+    g = plan.groups
+    if g > 1:
+        if plan.b_channels // g <= ELEMENTWISE_POLICY_CHANNELS:
+            return "elementwise"
+        return "grouped" if g <= 32 else "phases_matmul"
+    axes = _phases(plan)
+    if all(len(taps) <= 1 for p in axes for taps in p.taps):
+        return "phases_matmul"
+    exact = subpixel_is_exact(plan)
+    if min(plan.b_channels, plan.a_channels) <= 16:
+        return "subpixel_matmul" if exact else "phases_matmul"
+    if plan.ndim == 2:
+        return "phases_matmul" if plan.dtype in ("float16", "bfloat16") else "phases"
+    if plan.ndim == 1:
+        return "subpixel" if exact else "phases"
+    return "phases_folded" if plan.ndim == 3 else "phases_matmul"

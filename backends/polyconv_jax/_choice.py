@@ -1,0 +1,333 @@
+"""Which lowering computes a primitive: forced, measured, or the platform's default policy.
+
+Every primitive has several exact lowerings (:data:`LOWERINGS`; the first of each is the plain
+one-call lowering a hand-written ``lax`` call would be). A plan's lowering is chosen when the
+primitive is traced, in this order:
+
+1. a lowering forced by :func:`force_lowering` or ``POLYCONV_JAX_LOWERING`` (tests,
+   benchmarks), where it can compute the plan;
+2. measured (autotuning, on by default): every applicable exact lowering is compiled and
+   timed on random inputs of the plan's shapes on the default device, interleaved, and the
+   fastest by median is kept for the process (and in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON
+   file, when set), per (platform, device kind, primitive, geometry, dtype, precision). The
+   plain lowering is always a candidate, so the choice cannot lose to it by more than the
+   noise of the measurement. Plans under :data:`MEASURE_MIN_MACS` multiply-adds are not
+   measured: there is too little to win;
+3. otherwise the platform's default policy: on CPU the rules of each family's ``choose_*``
+   (set from measurements on a 2-core x86 CPU); elsewhere the plain lowering, which is what
+   XLA's own convolution autotuning sees.
+
+``POLYCONV_JAX_AUTOTUNE=0`` (or :func:`autotune` ``(False)``) turns measuring off, for
+deterministic lowerings (the test suite does this). The choice is made for
+``jax.default_backend()``'s platform, where the measurement runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import json
+import math
+import os
+import statistics
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from polyconv import ConvPlan
+
+from ._backward_data import (
+    BACKWARD_DATA,
+    applicable,
+    choose_backward_data,
+    direct_aborts_xla_cpu,
+    subpixel_is_exact,
+)
+from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
+from ._forward import FORWARD, choose_forward, forward_applicable
+
+#: the lowerings of each primitive, by name; the first is the plain one-call lowering
+IMPLEMENTATIONS = {"forward": FORWARD, "backward_data": BACKWARD_DATA,
+                   "backward_weights": BACKWARD_WEIGHTS}
+LOWERINGS = {p: tuple(impls) for p, impls in IMPLEMENTATIONS.items()}
+_APPLICABLE = {"forward": forward_applicable, "backward_data": applicable,
+               "backward_weights": weights_applicable}
+_CPU_POLICY = {"forward": choose_forward, "backward_data": choose_backward_data,
+               "backward_weights": choose_backward_weights}
+
+ENV_VAR = "POLYCONV_JAX_LOWERING"
+AUTOTUNE_ENV = "POLYCONV_JAX_AUTOTUNE"
+CACHE_ENV = "POLYCONV_JAX_AUTOTUNE_CACHE"
+
+#: plans with fewer multiply-adds take the default policy: measuring would cost more than
+#: the best lowering can save (a few milliseconds of compilation per candidate)
+MEASURE_MIN_MACS = 20_000_000
+#: timed rounds per measurement (each round times every remaining candidate once)
+MEASURE_ROUNDS = 5
+#: a candidate whose first timed call takes this many times the best so far is dropped
+MEASURE_DROP_FACTOR = 3.0
+
+_FORCED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "polyconv_jax_forced_lowering", default=None)
+_AUTOTUNE: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "polyconv_jax_autotune", default=None)
+
+
+# --------------------------------------------------------------------------------------------
+# forcing and switching (tests, benchmarks)
+# --------------------------------------------------------------------------------------------
+
+def _check_forced(where: str, forced: dict[str, str]) -> dict[str, str]:
+    for primitive, name in forced.items():
+        if primitive not in LOWERINGS or name not in LOWERINGS[primitive]:
+            choices = "; ".join(f"{p}: {', '.join(names)}" for p, names in LOWERINGS.items())
+            msg = f"{where}: unknown lowering {primitive}={name!r}; the lowerings are {choices}"
+            raise ValueError(msg)
+    return forced
+
+
+@contextlib.contextmanager
+def force_lowering(**by_primitive: str | None):
+    """Within the block, trace the JAX backend's primitives with the named lowerings.
+
+    For tests and benchmarks, e.g. ``force_lowering(backward_data="phases")``; the names are
+    in :data:`LOWERINGS`. A lowering that cannot compute a plan (``elementwise`` with more than
+    8 channels per group, ``grouped`` on an ungrouped plan, ...) falls back to the usual
+    choice. The setting is read when a polyconv op is *traced*: a function that was already
+    jitted keeps the lowering it was compiled with. It overrides the environment variable
+    ``POLYCONV_JAX_LOWERING`` (same names, e.g. ``backward_data=phases,backward_weights=direct``),
+    which is read per call.
+    """
+    forced = _check_forced("force_lowering",
+                           {k: v for k, v in by_primitive.items() if v is not None})
+    token = _FORCED.set(forced)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def _forced() -> dict[str, str]:
+    forced = _FORCED.get()
+    if forced is None:
+        text = os.environ.get(ENV_VAR, "").strip()
+        forced = {}
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            key, _, name = item.partition("=")
+            forced[key.strip()] = name.strip()
+        forced = _check_forced(ENV_VAR, forced)
+    return forced
+
+
+def requested(primitive: str) -> str | None:
+    """The lowering forced for ``primitive`` (context, then environment), or ``None``."""
+    return _forced().get(primitive)
+
+
+@contextlib.contextmanager
+def autotune(enabled: bool = True):
+    """Within the block, measure (``True``) or take the default policy (``False``) when a
+    lowering is chosen; overrides ``POLYCONV_JAX_AUTOTUNE``. Read at trace time."""
+    token = _AUTOTUNE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _AUTOTUNE.reset(token)
+
+
+def autotune_enabled() -> bool:
+    value = _AUTOTUNE.get()
+    if value is not None:
+        return value
+    text = os.environ.get(AUTOTUNE_ENV, "1").strip().lower()
+    return text not in ("0", "off", "false", "no", "")
+
+
+def settings() -> tuple:
+    """The choice settings in force, hashable: part of each primitive's jit cache key, so a
+    change of setting retraces instead of reusing another setting's lowering."""
+    return tuple(sorted(_forced().items())), autotune_enabled()
+
+
+# --------------------------------------------------------------------------------------------
+# the choice
+# --------------------------------------------------------------------------------------------
+
+def is_applicable(primitive: str, plan: ConvPlan, lowering: str) -> bool:
+    return _APPLICABLE[primitive](plan, lowering)
+
+
+def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> list[str]:
+    """The lowerings measured for a plan: applicable ones that form exactly the products of
+    the definition (so a NaN or infinity reaches exactly the outputs that read it), the
+    default policy's first. On CPU the lhs-dilated convolution of a strided 3-D
+    backward_data is left out: it is XLA CPU's slow path, 100-400x the time of every other
+    lowering (seconds per call on decoder layers), so measuring it would cost more than any
+    choice can save, and it cannot win; so is it where XLA CPU may abort compiling it
+    (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`)."""
+    platform = platform or jax.default_backend()
+    out = [name for name in LOWERINGS[primitive] if is_applicable(primitive, plan, name)]
+    if primitive == "backward_data" and not subpixel_is_exact(plan):
+        out = [name for name in out if not name.startswith("subpixel")]
+    if platform == "cpu" and primitive == "backward_data" and (
+            (plan.ndim >= 3 and any(s > 1 for s in plan.strides))
+            or direct_aborts_xla_cpu(plan)):
+        out = [name for name in out if name != "direct"]
+    first = policy(primitive, plan, platform)
+    return sorted(out, key=lambda name: name != first)
+
+
+def policy(primitive: str, plan: ConvPlan, platform: str | None = None) -> str:
+    """The default lowering without measuring: the CPU rules on CPU, the plain lowering on
+    other platforms (not measured there)."""
+    platform = platform or jax.default_backend()
+    if platform == "cpu":
+        return _CPU_POLICY[primitive](plan)
+    return LOWERINGS[primitive][0]
+
+
+def forward_transpose_aborts(plan: ConvPlan, precision) -> bool:
+    """Whether JAX's transpose of the forward primitive's lowering for ``plan`` would be an
+    lhs-dilated convolution that XLA CPU may abort compiling (``direct`` on such a plan)."""
+    return (jax.default_backend() == "cpu" and any(s > 1 for s in plan.strides)
+            and direct_aborts_xla_cpu(plan) and choose("forward", plan, precision) == "direct")
+
+
+def macs(plan: ConvPlan) -> int:
+    """Multiply-adds of the canonical convolution."""
+    return (plan.batch * math.prod(plan.b_spatial) * plan.b_channels
+            * (plan.a_channels // plan.groups) * math.prod(plan.kernel))
+
+
+def choose(primitive: str, plan: ConvPlan, precision) -> str:
+    """The lowering that computes ``primitive`` for ``plan`` (see the module docstring)."""
+    forced = requested(primitive)
+    if forced is not None and is_applicable(primitive, plan, forced):
+        return forced
+    names = candidates(primitive, plan)
+    if len(names) == 1:
+        return names[0]
+    if (not autotune_enabled() or macs(plan) < MEASURE_MIN_MACS or plan.batch == 0
+            or plan.dtype == "float64"):   # float64 is for checking, not speed
+        return policy(primitive, plan)
+    return _measured(primitive, plan, precision, names)
+
+
+# --------------------------------------------------------------------------------------------
+# measuring
+# --------------------------------------------------------------------------------------------
+
+_WORKER = "polyconv-autotune"
+_lock = threading.Lock()
+_measurements: dict[str, str] = {}
+_loaded_from: str | None = None
+
+
+def _key(primitive: str, plan: ConvPlan, precision) -> str:
+    device = jax.devices()[0]
+    geometry = plan.with_(op=primitive, primitive=primitive, has_bias=False, precision=None)
+    return "|".join((device.platform, device.device_kind, jax.__version__, primitive,
+                     repr(geometry), repr(precision)))
+
+
+def _cache_file() -> Path | None:
+    path = os.environ.get(CACHE_ENV, "").strip()
+    return Path(path) if path else None
+
+
+def _load(path: Path | None) -> None:
+    global _loaded_from
+    if path is None or _loaded_from == str(path):
+        return
+    _loaded_from = str(path)
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(stored, dict):
+        _measurements.update({k: v for k, v in stored.items() if isinstance(v, str)})
+
+
+def _store(path: Path | None) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_measurements, indent=0, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass   # a cache that cannot be written only costs a new measurement
+
+
+def measured_choices() -> dict[str, str]:
+    """The lowerings measured so far in this process (and loaded from the cache file)."""
+    with _lock:
+        return dict(_measurements)
+
+
+def _inputs(primitive: str, plan: ConvPlan):
+    """Random operands of the plan's shapes and dtype, on the default device."""
+    shapes = {"forward": (plan.a_shape, plan.weights_shape),
+              "backward_data": (plan.b_shape, plan.weights_shape),
+              "backward_weights": (plan.a_shape, plan.b_shape)}[primitive]
+    rng = np.random.default_rng(0)
+    return [jnp.asarray(rng.standard_normal(s, dtype=np.float32)).astype(plan.dtype)
+            for s in shapes]
+
+
+def _time(fn, args) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t0
+
+
+def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEASURE_ROUNDS,
+            timer=_time) -> dict[str, float]:
+    """Median seconds per call of each lowering in ``names`` (dropped ones: their one call).
+
+    Every candidate is compiled and called once, timed; a candidate whose first call takes
+    :data:`MEASURE_DROP_FACTOR` times the best first call is not timed again (its first call
+    stands). The others are then timed in ``rounds`` interleaved rounds (alternating the
+    order), and their median is over those rounds.
+    """
+    if not threading.current_thread().name.startswith(_WORKER):
+        # JAX's tracing state is per thread: a fresh thread runs the measurement eagerly,
+        # even while the caller is being traced (jit, grad, vmap)
+        with concurrent.futures.ThreadPoolExecutor(1, _WORKER) as pool:
+            return pool.submit(measure, primitive, plan, precision, names, rounds,
+                               timer).result()
+    args = _inputs(primitive, plan)
+    fns = {name: jax.jit(partial(IMPLEMENTATIONS[primitive][name], plan, precision)
+                         ).lower(*args).compile() for name in names}
+    first = {name: timer(fn, args) for name, fn in fns.items()}
+    best = min(first.values())
+    alive = [n for n in names if first[n] <= MEASURE_DROP_FACTOR * best]
+    times: dict[str, list[float]] = {name: [] for name in alive}
+    for r in range(rounds):
+        for name in (alive if r % 2 else alive[::-1]):
+            times[name].append(timer(fns[name], args))
+    return {name: statistics.median(times[name]) if name in times else first[name]
+            for name in names}
+
+
+def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
+    key = _key(primitive, plan, precision)
+    path = _cache_file()
+    with _lock:
+        _load(path)
+        known = _measurements.get(key)
+    if known in names:
+        return known
+    times = measure(primitive, plan, precision, names)
+    choice = min(names, key=lambda n: times[n])
+    with _lock:
+        _measurements[key] = choice
+        _store(path)
+    return choice

@@ -1,0 +1,146 @@
+"""forward lowerings (``a, W -> b``) and the default policy that picks one."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from polyconv import ConvPlan
+
+from ._xla import _conv_general, _data_spec, _dnums
+
+
+def _conv(plan: ConvPlan, precision, a, w):
+    """The forward convolution as one ``conv_general_dilated`` call (the plain lowering)."""
+    data = _data_spec(plan)
+    perm = plan.weights_perm
+    # XLA's output size floor((A + pb + pe - ek)/s) + 1 is plan.b_spatial by construction
+    # (also for conv_transpose_backward_data, where A carries output_padding < s).
+    padding = list(zip(plan.pads_begin, plan.pads_end))
+    return _conv_general(
+        a, w, window_strides=plan.strides, padding=padding, rhs_dilation=plan.dilations,
+        dimension_numbers=_dnums(data, perm, data), feature_group_count=plan.groups,
+        precision=precision, preferred_element_type=plan.acc_dtype)
+
+
+def pad_large(plan: ConvPlan, a):
+    """``a`` padded (or cropped) to the rows the taps read: ``(B-1)*s + ek`` per axis."""
+    config = [(0, 0, 0)] * a.ndim
+    for ax, sz, bs, s, ek, pb in zip(plan.spatial_axes, plan.a_spatial, plan.b_spatial,
+                                     plan.strides, plan.effective_kernel, plan.pads_begin):
+        config[ax] = (pb, (bs - 1) * s + ek - sz - pb, 0)
+    return lax.pad(a, jnp.zeros((), a.dtype), config)
+
+
+def tap_window(plan: ConvPlan, x, tap, axes=None):
+    """The rows of padded ``x`` (:func:`pad_large`) that tap ``tap`` reads for every output
+    row: start ``k*d``, stride ``s``, ``B`` rows, on ``axes`` (default: the spatial axes)."""
+    start, limit, strides = [0] * x.ndim, list(x.shape), [1] * x.ndim
+    for ax, t, d, s, bs in zip(axes or plan.spatial_axes, tap, plan.dilations, plan.strides,
+                               plan.b_spatial):
+        start[ax], limit[ax], strides[ax] = t * d, t * d + (bs - 1) * s + 1, s
+    return lax.slice(x, start, limit, strides)
+
+
+def _forward_elementwise(plan: ConvPlan, precision, a, w):
+    """Few input channels per group (``Ca/G``; 1 is depthwise, any channel multiplier): per
+    tap and input channel of a group, a strided window of ``a`` times that tap's ``[G, Cb/G]``
+    weights, summed in the accumulation dtype (one fused XLA loop; no matrix product, as
+    there is little to contract). ``precision`` has no effect: accumulation-dtype products
+    are exact per element."""
+    del precision
+    g, acc = plan.groups, plan.acc_dtype
+    ca_g, cb_g = plan.a_channels // g, plan.b_channels // g
+    wc = jnp.transpose(w, plan.weights_perm).astype(acc)       # [Cb, Ca/G, K..]
+    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    x = pad_large(plan, a.astype(acc))
+    c = plan.channel_axis
+    x = x.reshape((*x.shape[:c], g, ca_g, *x.shape[c + 1:]))   # channels split (G, Ca/G)
+    axes = tuple(ax + (ax > c) for ax in plan.spatial_axes)
+    wshape = (g, cb_g) + (() if plan.channels_last else (1,) * plan.ndim)
+    total = None
+    for tap in itertools.product(*(range(k) for k in plan.kernel)):
+        window = tap_window(plan, x, tap, axes)
+        for i in range(ca_g):
+            term = lax.slice_in_dim(window, i, i + 1, axis=c + 1) * wc[
+                (slice(None), slice(None), i, *tap)].reshape(wshape)
+            total = term if total is None else total + term
+    return total.reshape(plan.b_shape)
+
+
+def patches(plan: ConvPlan, a):
+    """The windows of every tap stacked along channels (im2col): ``[N, B.., T*Ca]`` in tap-major
+    order for channels-last data, ``[N, T*Ca, B..]`` for channels-first (no transpose of the
+    data either way)."""
+    x = pad_large(plan, a)
+    windows = [tap_window(plan, x, tap)
+               for tap in itertools.product(*(range(k) for k in plan.kernel))]
+    c = plan.channel_axis
+    stacked = jnp.stack(windows, axis=c)              # [.., T, Ca, ..]
+    return stacked.reshape((*stacked.shape[:c], len(windows) * plan.a_channels,
+                            *stacked.shape[c + 2:]))
+
+
+def patches_fit(plan: ConvPlan) -> bool:
+    """Whether the im2col lowerings apply: ungrouped, and patches at most
+    :data:`PATCHES_MAX_GROWTH` times the larger data tensor."""
+    rows = plan.batch * math.prod(plan.b_spatial)
+    size = rows * math.prod(plan.kernel) * plan.a_channels
+    largest = max(plan.batch * math.prod(plan.a_spatial) * plan.a_channels,
+                  rows * plan.b_channels)
+    return plan.groups == 1 and size <= PATCHES_MAX_GROWTH * largest
+
+
+def weights_matrix(plan: ConvPlan, w):
+    """The weights as ``[T*Ca, Cb]`` (tap-major rows, as :func:`patches` orders them)."""
+    wc = jnp.transpose(w, plan.weights_perm)           # [Cb, Ca, K..]
+    wc = jnp.transpose(wc, (*range(2, plan.ndim + 2), 1, 0))
+    return wc.reshape((-1, plan.b_channels))
+
+
+def _forward_patches(plan: ConvPlan, precision, a, w):
+    """Gather, then multiply (im2col): every tap's window stacked along channels, one matrix
+    product with ``[T*Ca, Cb]``. Cheap when ``T*Ca`` is small (few input channels) or the
+    windows do not overlap (kernel = stride: the patches are ``a`` itself, rearranged)."""
+    p, wm = patches(plan, a), weights_matrix(plan, w)
+    if plan.channels_last:      # [N, B.., T*Ca] @ [T*Ca, Cb]
+        return lax.dot_general(p, wm, (((p.ndim - 1,), (0,)), ((), ())), precision=precision,
+                               preferred_element_type=plan.acc_dtype)
+    # [Cb, T*Ca] @ [N, T*Ca, B..] -> [Cb, N, B..]: the spatial axes stay minor, and moving
+    # the batch axis back in front is free for a batch of one
+    y = lax.dot_general(wm, p, (((0,), (1,)), ((), ())), precision=precision,
+                        preferred_element_type=plan.acc_dtype)
+    return jnp.moveaxis(y, 0, 1)
+
+
+#: the im2col lowerings apply while their patches are at most this many times the larger
+#: data tensor
+PATCHES_MAX_GROWTH = 32
+
+#: the elementwise lowerings handle at most this many channels per group on their
+#: contracted side (their cost grows with it; a matrix product's does not)
+ELEMENTWISE_MAX_CHANNELS = 8
+
+#: the forward lowerings, by name; the first is the plain one
+FORWARD = {"direct": _conv, "elementwise": _forward_elementwise,
+           "patches_matmul": _forward_patches}
+
+
+def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
+    """Whether ``lowering`` can compute ``plan``'s forward convolution."""
+    if lowering == "elementwise":
+        return plan.a_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
+    if lowering == "patches_matmul":
+        return patches_fit(plan)
+    return lowering in FORWARD
+
+
+def choose_forward(plan: ConvPlan) -> str:
+    """The default forward lowering on CPU: ``elementwise`` for depthwise convolutions with
+    a stride (XLA CPU's strided depthwise convolution is a slow path), else ``direct``."""
+    if plan.a_channels == plan.groups > 1 and any(s > 1 for s in plan.strides):
+        return "elementwise"
+    return "direct"

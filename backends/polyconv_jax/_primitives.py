@@ -1,0 +1,184 @@
+"""The three primitives as jitted functions, closed under differentiation.
+
+Each primitive (``forward`` ``a, W -> b``, ``backward_data`` ``b, W -> a``,
+``backward_weights`` ``a, b -> W``) is bilinear, and the adjoint identities of the canonical
+convolution say which primitive computes each of its cotangents (``<F(a, W), b> =
+<a, D(b, W)> = <W, Wt(a, b)>``):
+
+==================  =========================  =========================
+primitive           cotangent of 1st input     cotangent of 2nd input
+==================  =========================  =========================
+forward F(a, W)     D(g, W)                    Wt(a, g)
+backward_data D     F(g, W)                    Wt(g, b)
+backward_weights    D(b, g)                    F(a, g)
+==================  =========================  =========================
+
+So each primitive carries a custom JVP whose tangent is written as the *transpose* of those
+primitives (``jax.linear_transpose``): reverse mode transposes the tangent back and runs the
+primitives themselves, each with its own chosen lowering, instead of differentiating through
+a lowering (which lands on XLA's slow weight-gradient and lhs-dilated paths). ``jax.jvp``,
+``vmap`` and higher orders see ordinary JAX operations; a second derivative again runs
+through these rules. The bias is added outside, so its gradient is JAX's reduction.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from polyconv import ConvPlan
+
+from . import _choice
+
+
+def _core(primitive: str, plan: ConvPlan, precision, x, y):
+    """The primitive by its chosen lowering, in the accumulation dtype."""
+    name = _choice.choose(primitive, plan, precision)
+    return _choice.IMPLEMENTATIONS[primitive][name](plan, precision, x, y)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def forward_ad(plan: ConvPlan, precision, a, w):
+    return _core("forward", plan, precision, a, w)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def backward_data_ad(plan: ConvPlan, precision, b, w):
+    return _core("backward_data", plan, precision, b, w)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def backward_weights_ad(plan: ConvPlan, precision, a, b):
+    if plan.batch == 0:  # nothing to contract: XLA would form a degenerate convolution
+        return jnp.zeros(plan.weights_shape, plan.acc_dtype)
+    return _core("backward_weights", plan, precision, a, b)
+
+
+def _shape_of(plan: ConvPlan, role: str, dtype):
+    shape = {"a": plan.a_shape, "b": plan.b_shape, "w": plan.weights_shape}[role]
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _tangent(out, terms):
+    """``sum_i L_i^T(t_i)`` for the nonzero tangents ``t_i``: ``L_i`` maps its ``struct``
+    (operands of the plan's dtype) to the accumulation dtype, so its transpose takes the
+    tangent in the accumulation dtype and returns the plan's dtype. Forward mode rounds a
+    16-bit tangent once more; reverse mode, whose cotangents come in the plan's dtype, loses
+    nothing. A term whose ``struct`` is ``None`` is applied as it is (``L_i(t_i)``)."""
+    t = jnp.zeros_like(out)
+    for linear, struct, tangent in terms:
+        if isinstance(tangent, SymbolicZero):
+            continue
+        if struct is None:
+            term = linear(tangent)
+        else:
+            (term,) = jax.linear_transpose(linear, struct)(tangent.astype(out.dtype))
+        t = t + term.astype(out.dtype)
+    return t
+
+
+def _forward_jvp(plan, precision, primals, tangents):
+    a, w = primals
+    da, dw = tangents
+    out = forward_ad(plan, precision, a, w)
+    b = _shape_of(plan, "b", a.dtype)
+    return out, _tangent(out, [
+        (lambda g: backward_data_ad(plan, precision, g, w), b, da),
+        (lambda g: backward_weights_ad(plan, precision, a, g), b, dw)])
+
+
+def _backward_data_jvp(plan, precision, primals, tangents):
+    b, w = primals
+    db, dw = tangents
+    out = backward_data_ad(plan, precision, b, w)
+    a = _shape_of(plan, "a", b.dtype)
+    if _choice.forward_transpose_aborts(plan, precision):
+        # the transpose of the forward convolution would be an lhs-dilated convolution that
+        # XLA CPU aborts on: this term is backward_data itself (reverse mode transposes it)
+        data_term = (lambda t: backward_data_ad(plan, precision, t, w), None, db)
+    else:
+        data_term = (lambda g: forward_ad(plan, precision, g, w), a, db)
+    return out, _tangent(out, [
+        data_term,
+        (lambda g: backward_weights_ad(plan, precision, g, b), a, dw)])
+
+
+def _backward_weights_jvp(plan, precision, primals, tangents):
+    a, b = primals
+    da, db = tangents
+    out = backward_weights_ad(plan, precision, a, b)
+    w = _shape_of(plan, "w", a.dtype)
+    return out, _tangent(out, [
+        (lambda g: backward_data_ad(plan, precision, b, g), w, da),
+        (lambda g: forward_ad(plan, precision, a, g), w, db)])
+
+
+forward_ad.defjvp(_forward_jvp, symbolic_zeros=True)
+backward_data_ad.defjvp(_backward_data_jvp, symbolic_zeros=True)
+backward_weights_ad.defjvp(_backward_weights_jvp, symbolic_zeros=True)
+
+
+# --------------------------------------------------------------------------------------------
+# the jitted entry points (plan, precision and the choice settings are static)
+# --------------------------------------------------------------------------------------------
+
+
+def _finish(plan: ConvPlan, y, bias, channel_axis: int):
+    """Bias in the accumulation dtype, then the one rounding to ``plan.dtype``."""
+    if bias is not None:
+        shape = [1] * y.ndim
+        shape[channel_axis] = bias.shape[0]
+        y = y + bias.astype(y.dtype).reshape(shape)
+    return y.astype(plan.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def forward(plan: ConvPlan, precision, settings, a, w, bias=None):
+    del settings  # part of the cache key only: the choice reads the settings in force
+    return _finish(plan, forward_ad(plan, precision, a, w), bias, plan.channel_axis)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def backward_data(plan: ConvPlan, precision, settings, b, w, bias=None):
+    del settings
+    return _finish(plan, backward_data_ad(plan, precision, b, w), bias, plan.channel_axis)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def backward_weights(plan: ConvPlan, precision, settings, a, b):
+    del settings
+    return backward_weights_ad(plan, precision, a, b).astype(plan.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------
+
+
+def x64_enabled() -> bool:
+    """Whether JAX keeps float64 (``jax_enable_x64``, including context overrides)."""
+    return jax.dtypes.canonicalize_dtype(np.float64) == np.dtype(np.float64)
+
+
+def prepare(plan: ConvPlan, *arrays):
+    """Check the dtype against JAX's x64 mode; numpy (or other) inputs become JAX arrays."""
+    if plan.dtype == "float64" and not x64_enabled():
+        msg = (f"{plan.op}: float64 inputs need 64-bit mode in JAX, which is off (JAX would "
+               f"silently compute in float32). Enable it with "
+               f"jax.config.update('jax_enable_x64', True) or JAX_ENABLE_X64=1, or pass "
+               f"float32 inputs")
+        raise TypeError(msg)
+    out = []
+    for x in arrays:
+        if x is None or isinstance(x, jax.Array):  # jax.Array covers tracers too
+            out.append(x)
+        else:
+            dtype = getattr(x, "dtype", None)
+            if isinstance(dtype, np.dtype) and not dtype.isnative:
+                x = np.asarray(x, dtype.newbyteorder("="))  # JAX takes native byte order only
+            out.append(jnp.asarray(x))
+    return out

@@ -1,0 +1,432 @@
+"""Layers of real public models, timed forward and gradient against PyTorch and plain ``lax``.
+
+Each layer is one convolution of a published model definition (the source is named with it),
+at a batch small enough for a 2-core CPU. Every layer is timed, in one process and
+interleaved round by round, as:
+
+- ``forward``: the op itself;
+- ``gradient``: the cotangents of the input and the weights for a given output cotangent
+  (``jax.vjp``; for PyTorch ``aten.convolution_backward``, its autograd kernel);
+- ``backward ops`` (polyconv only): polyconv's own two backward ops for the same layer in one
+  jitted call, the cost the gradient should match.
+
+Competitors: ``polyconv-jax`` (jitted), ``lax`` (the hand-written ``conv_general_dilated``
+call in the layer's layout, lhs-dilated for the transposed layers, as ``lax.conv_transpose``
+and Flax emit it, and ``jax.vjp`` of it), ``torch`` (``torch.nn.functional`` in its fastest
+CPU configuration: channels-last memory format, whatever the layer's layout), and
+``polyconv-numpy`` (forward, and the two backward ops for the gradient).
+
+Run with ``polyconv bench --corpus`` (or ``python -m polyconv.benchmarks.corpus``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import polyconv
+from polyconv._compare import numpy_dtype
+
+from .suite import _THREADS_ENV, _pin, _rerun_with_threads, machine
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One convolution of a public model: a polyconv op with its inputs' shapes."""
+
+    model: str
+    name: str
+    op: str                        # "conv_transpose" or "convolution"
+    src: tuple[int, ...]           # in the layer's data_format
+    weights: tuple[int, ...]       # in the layer's weights_format
+    attrs: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    source: str = ""
+
+    @property
+    def title(self) -> str:
+        return f"{self.model}: {self.name}"
+
+    @property
+    def plan(self) -> polyconv.ConvPlan:
+        return polyconv.infer_shape(self.op, self.src, self.weights, **self.attrs)
+
+    @property
+    def flops(self) -> float:
+        """2 x multiply-adds of the canonical convolution."""
+        p = self.plan
+        return 2.0 * p.batch * math.prod(p.b_spatial) * p.b_channels * (
+            p.a_channels // p.groups) * math.prod(p.kernel)
+
+
+def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", source=""):
+    """A ConvTranspose layer; weights in the framework's layout for ``fmt`` (torch's IOX for
+    channels-first, Flax's XIO-like XOI for channels-last)."""
+    d = len(src) - 1            # src: batch and spatial sizes
+    if fmt == "NCX":
+        shape, wshape, wfmt = (src[0], ic, *src[1:]), (ic, oc, *(k,) * d), "IOX"
+    else:
+        shape, wshape, wfmt = (*src, ic), (*(k,) * d, oc, ic), "XOI"
+    return Layer(model, name, "conv_transpose", shape, wshape,
+                 dict(strides=s, pads_begin=p, pads_end=p, output_padding=op,
+                      data_format=fmt, weights_format=wfmt), dtype, source)
+
+
+def _conv(model, name, src, ic, oc, k, s, p, groups=1, fmt="NXC", source=""):
+    d = len(src) - 1            # src: batch and spatial sizes
+    if fmt == "NCX":
+        shape, wshape, wfmt = (src[0], ic, *src[1:]), (oc, ic // groups, *(k,) * d), "OIX"
+    else:
+        shape, wshape, wfmt = (*src, ic), (*(k,) * d, ic // groups, oc), "XIO"
+    return Layer(model, name, "convolution", shape, wshape,
+                 dict(strides=s, pads_begin=p, pads_end=p, groups=groups, data_format=fmt,
+                      weights_format=wfmt), "float32", source)
+
+
+_DCGAN = "pytorch/examples dcgan/main.py Generator (nz=100, ngf=64, nc=3)"
+_HIFI = "jik876/hifi-gan models.py Generator, config_v1.json (upsample 8,8,2,2; k 16,16,4,4)"
+_UNET = "milesial/Pytorch-UNet unet_parts.py Up (bilinear=False), 256x256 input"
+_JAX3D = "jax-ml/jax issue #31662 (equinox ConvTranspose, 3-D, 64->1)"
+_NNUNET = "nnU-Net Generic_UNet 3-D transposed-conv upsampling (2x2x2, stride 2)"
+_MONAI = "MONAI networks/nets/unet.py UNet up layer (3-D, kernel 3, stride 2)"
+_RESNET = "torchvision resnet50 (Bottleneck 3x3 convolutions)"
+_MBV2 = "torchvision mobilenet_v2 (InvertedResidual depthwise 3x3)"
+
+LAYERS: tuple[Layer, ...] = (
+    _ct("DCGAN G", "ConvT 512->256 k4 s2 4x4", (16, 4, 4), 512, 256, 4, 2, 1, source=_DCGAN),
+    _ct("DCGAN G", "ConvT 256->128 k4 s2 8x8", (16, 8, 8), 256, 128, 4, 2, 1, source=_DCGAN),
+    _ct("DCGAN G", "ConvT 128->64 k4 s2 16x16", (16, 16, 16), 128, 64, 4, 2, 1, source=_DCGAN),
+    _ct("DCGAN G", "ConvT 64->3 k4 s2 32x32", (16, 32, 32), 64, 3, 4, 2, 1, source=_DCGAN),
+    _ct("HiFi-GAN", "ConvT1d 512->256 k16 s8 NCX", (4, 32), 512, 256, 16, 8, 4, fmt="NCX",
+        source=_HIFI),
+    _ct("HiFi-GAN", "ConvT1d 256->128 k16 s8 NCX", (4, 256), 256, 128, 16, 8, 4, fmt="NCX",
+        source=_HIFI),
+    _ct("HiFi-GAN", "ConvT1d 128->64 k4 s2 NCX", (4, 2048), 128, 64, 4, 2, 1, fmt="NCX",
+        source=_HIFI),
+    _ct("U-Net", "ConvT 1024->512 k2 s2 16x16 NCX", (1, 16, 16), 1024, 512, 2, 2, 0,
+        fmt="NCX", source=_UNET),
+    _ct("U-Net", "ConvT 256->128 k2 s2 64x64 NCX", (1, 64, 64), 256, 128, 2, 2, 0, fmt="NCX",
+        source=_UNET),
+    _ct("U-Net", "ConvT 128->64 k2 s2 128x128 NCX", (1, 128, 128), 128, 64, 2, 2, 0,
+        fmt="NCX", source=_UNET),
+    _ct("3-D decoder", "ConvT3d 64->1 k3 s2 64x64x32 NCX", (1, 64, 64, 32), 64, 1, 3, 2, 1,
+        op=1, fmt="NCX", source=_JAX3D),
+    _ct("3-D decoder", "ConvT3d 64->1 k3 s2 64x64x32 NCX bf16", (1, 64, 64, 32), 64, 1, 3, 2,
+        1, op=1, fmt="NCX", dtype="bfloat16", source=_JAX3D),
+    _ct("nnU-Net 3-D", "ConvT3d 128->64 k2 s2 16x20x24", (1, 16, 20, 24), 128, 64, 2, 2, 0,
+        source=_NNUNET),
+    _ct("MONAI UNet", "ConvT3d 64->32 k3 s2 16^3", (1, 16, 16, 16), 64, 32, 3, 2, 1, op=1,
+        source=_MONAI),
+    _conv("ResNet-50", "Conv 64->64 k3 s1 56x56", (4, 56, 56), 64, 64, 3, 1, 1,
+          source=_RESNET),
+    _conv("ResNet-50", "Conv 128->128 k3 s2 56x56", (4, 56, 56), 128, 128, 3, 2, 1,
+          source=_RESNET),
+    _conv("MobileNetV2", "depthwise 96 k3 s2 112x112", (8, 112, 112), 96, 96, 3, 2, 1,
+          groups=96, source=_MBV2),
+    _conv("U-Net", "Conv 64->64 k3 s1 128x128 NCX", (1, 128, 128), 64, 64, 3, 1, 1,
+          fmt="NCX", source=_UNET),
+)
+
+MODES = ("forward", "gradient")
+
+
+# --------------------------------------------------------------------------------------------
+# competitors: each returns a zero-argument callable that runs (and waits for) one call
+# --------------------------------------------------------------------------------------------
+
+def _inputs(layer: Layer, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """src, weights and an output cotangent, float32 values rounded to the layer's dtype."""
+    rng = np.random.default_rng(seed)
+    dt = numpy_dtype(layer.dtype)
+    arrays = [rng.standard_normal(s, dtype=np.float32).astype(dt)
+              for s in (layer.src, layer.weights, layer.plan.shape)]
+    return arrays[0], arrays[1], arrays[2]
+
+
+def _backward_ops(layer: Layer):
+    """polyconv's two backward ops of the layer's op: (data op, weights op)."""
+    if layer.op == "conv_transpose":
+        return polyconv.conv_transpose_backward_data, polyconv.conv_transpose_backward_weights
+    return polyconv.convolution_backward_data, polyconv.convolution_backward_weights
+
+
+def _polyconv_jax(layer: Layer, mode: str, arrays):
+    import jax
+    import jax.numpy as jnp
+
+    x, w, g = (jnp.asarray(a) for a in arrays)
+    op = partial(getattr(polyconv, layer.op), **layer.attrs)
+    if mode == "forward":
+        fn = jax.jit(op)
+        return lambda: fn(x, w).block_until_ready()
+    if mode == "gradient":
+        fn = jax.jit(lambda x, w, g: jax.vjp(op, x, w)[1](g))
+    else:  # the backward ops
+        data_op, weights_op = _backward_ops(layer)
+        extra = {"dst_shape": layer.src} if layer.op == "convolution" else {}
+        fn = jax.jit(lambda x, w, g: (data_op(g, w, **extra, **layer.attrs),
+                                      weights_op(x, g, w.shape, **layer.attrs)))
+    return lambda: jax.block_until_ready(fn(x, w, g))
+
+
+def _polyconv_numpy(layer: Layer, mode: str, arrays):
+    x, w, g = arrays
+    if mode == "forward":
+        op = getattr(polyconv, layer.op)
+        return lambda: op(x, w, backend="numpy", **layer.attrs)
+    data_op, weights_op = _backward_ops(layer)
+    extra = {"dst_shape": layer.src} if layer.op == "convolution" else {}
+
+    def both():
+        return (data_op(g, w, backend="numpy", **extra, **layer.attrs),
+                weights_op(x, g, w.shape, backend="numpy", **layer.attrs))
+
+    return both
+
+
+def _torch(layer: Layer, mode: str, arrays):
+    import torch
+    import torch.nn.functional as F
+
+    if os.environ.get(_THREADS_ENV):
+        torch.set_num_threads(int(os.environ[_THREADS_ENV]))
+    p = layer.plan
+    d = p.ndim
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layer.dtype]
+    memfmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
+
+    def data(a):      # the layer's layout -> logical NCX, channels-last in memory
+        a = np.asarray(a, np.float32)
+        if p.channels_last:
+            a = np.moveaxis(a, -1, 1)
+        t = torch.from_numpy(np.ascontiguousarray(a)).to(tdt)
+        return t.contiguous(memory_format=memfmt) if memfmt else t
+
+    x, w, g = arrays
+    wc = np.transpose(np.asarray(w, np.float32), p.weights_perm)     # [Cb, Ca/G, K..]
+    transposed = layer.op == "conv_transpose"
+    # torch's weights are canonical: [IC, OC/G, K..] for ConvTranspose, [OC, IC/G, K..] for Conv
+    wt = torch.from_numpy(np.ascontiguousarray(wc)).to(tdt)
+    if memfmt:
+        wt = wt.contiguous(memory_format=memfmt)
+    xt, gt = data(x), data(g)
+    pad = list(p.pads_begin)
+    opad = list(p.output_padding) if transposed else [0] * d
+    if mode == "forward":
+        if transposed:
+            f = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[d]
+            kw = dict(stride=p.strides, padding=pad, output_padding=opad, groups=p.groups,
+                      dilation=p.dilations)
+        else:
+            f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
+            kw = dict(stride=p.strides, padding=pad, dilation=p.dilations, groups=p.groups)
+        return lambda: f(xt, wt, **kw)
+    args = (gt, xt, wt, None, p.strides, pad, p.dilations, transposed, opad, p.groups,
+            (True, True, False))
+    return lambda: torch.ops.aten.convolution_backward(*args)
+
+
+def _lax(layer: Layer, mode: str, arrays):
+    """The hand-written ``lax.conv_general_dilated`` call (weights prepared outside)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    p = layer.plan
+    d = p.ndim
+    sp = "DHW"[-d:] if d <= 3 else "".join(str(i) for i in range(d))
+    data = f"N{sp}C" if p.channels_last else f"NC{sp}"
+    hi = lax.Precision.HIGHEST
+    x, w, g = arrays
+    wc = np.transpose(np.asarray(w, np.float32), p.weights_perm)     # [Cb, Ca/G, K..]
+    if layer.op == "conv_transpose":
+        # the transposed convolution: b dilated by s, kernel flipped, in/out swapped with the
+        # group factor moved from Cb to Ca: [Ca, Cb/G, K..] ("OI" + spatial)
+        G = p.groups
+        wl = wc.reshape(G, p.b_channels // G, p.a_channels // G, *p.kernel)
+        wl = np.swapaxes(wl, 1, 2).reshape(p.a_channels, p.b_channels // G, *p.kernel)
+        wl = np.flip(wl, tuple(range(2, 2 + d)))
+        pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in
+                zip(p.effective_kernel, p.pads_begin, p.pads_end, p.output_padding)]
+        dn = (data, f"OI{sp}", data)
+
+        def f(x, w):
+            return lax.conv_general_dilated(
+                x, w, (1,) * d, pads, lhs_dilation=p.strides, rhs_dilation=p.dilations,
+                dimension_numbers=dn, feature_group_count=G, precision=hi,
+                preferred_element_type=jnp.float32).astype(x.dtype)
+    else:
+        wl = wc
+        dn = (data, f"OI{sp}", data)
+        pads = list(zip(p.pads_begin, p.pads_end))
+
+        def f(x, w):
+            return lax.conv_general_dilated(
+                x, w, p.strides, pads, rhs_dilation=p.dilations, dimension_numbers=dn,
+                feature_group_count=p.groups, precision=hi,
+                preferred_element_type=jnp.float32).astype(x.dtype)
+
+    dt = numpy_dtype(layer.dtype)
+    xj, wj, gj = (jnp.asarray(np.ascontiguousarray(a).astype(dt)) for a in (x, wl, g))
+    if mode == "forward":
+        fn = jax.jit(f)
+        return lambda: fn(xj, wj).block_until_ready()
+    fn = jax.jit(lambda x, w, g: jax.vjp(f, x, w)[1](g))
+    return lambda: jax.block_until_ready(fn(xj, wj, gj))
+
+
+@dataclass(frozen=True)
+class Competitor:
+    name: str
+    requires: str | None
+    make: Callable[[Layer, str, Any], Callable[[], Any] | None]
+    mode: str | None = None        # the timed mode it stands for, if not the row's own
+
+
+COMPETITORS: tuple[Competitor, ...] = (
+    Competitor("polyconv-jax", "jax", _polyconv_jax),
+    Competitor("polyconv-jax backward ops", "jax", _polyconv_jax, mode="backward_ops"),
+    Competitor("lax", "jax", _lax),
+    Competitor("torch", "torch", _torch),
+    Competitor("polyconv-numpy", None, _polyconv_numpy),
+)
+
+
+def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
+              log) -> dict[str, Any]:
+    arrays = _inputs(layer)
+    fns: dict[str, Callable[[], Any]] = {}
+    skipped: dict[str, str] = {}
+    for comp in competitors:
+        if comp.mode and mode != "gradient":
+            continue
+        if comp.requires and find_spec(comp.requires) is None:
+            skipped[comp.name] = f"{comp.requires} not installed"
+            continue
+        try:
+            fn = comp.make(layer, comp.mode or mode, arrays)
+        except Exception as exc:  # a peer that cannot express the layer
+            skipped[comp.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        fns[comp.name] = fn
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(repeats):
+        order = list(fns.items())
+        if r % 2:
+            order.reverse()
+        for name, fn in order:
+            fn()                    # lead-in: see polyconv.benchmarks.suite.run_case
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        log(f"\r  {layer.title} {mode}: round {r + 1}/{repeats}")
+    log("\n")
+    return {"layer": layer.title, "model": layer.model, "source": layer.source,
+            "mode": mode, "dtype": layer.dtype, "gflop": layer.flops / 1e9,
+            "median_s": {n: statistics.median(ts) for n, ts in times.items()},
+            "skipped": skipped}
+
+
+def ratios(row: dict[str, Any]) -> dict[str, float]:
+    """polyconv-jax's time over each peer's (below 1: polyconv is faster)."""
+    t = row["median_s"]
+    out = {}
+    if "polyconv-jax" not in t:
+        return out
+    for peer, key in (("lax", "jax/lax"), ("torch", "jax/torch"),
+                      ("polyconv-jax backward ops", "jax/own ops")):
+        if peer in t:
+            out[key] = t["polyconv-jax"] / t[peer]
+    if "polyconv-numpy" in t and "torch" in t:
+        out["numpy/torch"] = t["polyconv-numpy"] / t["torch"]
+    return out
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def format_table(results: dict[str, Any]) -> str:
+    keys = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch")
+    lines = [f"{'layer':58s} {'mode':9s} {'jax ms':>8s} " + " ".join(f"{k:>11s}" for k in keys)]
+    per_key: dict[str, list[float]] = {k: [] for k in keys}
+    for row in results["layers"]:
+        r = ratios(row)
+        t = row["median_s"].get("polyconv-jax")
+        cells = []
+        for k in keys:
+            cells.append(f"{r[k]:11.2f}" if k in r else f"{'-':>11s}")
+            if k in r:
+                per_key[k].append(r[k])
+        lines.append(f"{row['layer'][:58]:58s} {row['mode']:9s} "
+                     f"{t * 1e3 if t else float('nan'):8.2f} " + " ".join(cells))
+    lines.append(f"{'geometric mean':58s} {'':9s} {'':8s} "
+                 + " ".join(f"{geomean(per_key[k]):11.2f}" for k in keys))
+    lines.append("ratios: polyconv's median time over the peer's in the same run "
+                 "(below 1: polyconv is faster)")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polyconv bench --corpus",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--layers", default="", help="substring filter on layer titles")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--competitors", default="",
+                        help="comma-separated competitor names (default: all)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", type=int)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    layers = [ly for ly in LAYERS if args.layers.lower() in ly.title.lower()]
+    if not layers:
+        parser.error(f"--layers {args.layers!r} matches no layer")
+    modes = [m for m in args.modes.split(",") if m]
+    comps = [c for c in COMPETITORS
+             if not args.competitors or c.name in args.competitors.split(",")]
+    if args.threads is not None:
+        if os.environ.get(_THREADS_ENV) != str(args.threads):
+            return _rerun_with_threads(args.threads, ["--corpus", *(
+                sys.argv[1:] if argv is None else argv)])
+        _pin(args.threads)
+
+    def log(msg: str) -> None:
+        sys.stderr.write(msg)
+        sys.stderr.flush()
+
+    results = {"machine": machine(), "layers": []}
+    for layer in layers:
+        for mode in modes:
+            results["layers"].append(run_layer(layer, mode, comps, args.repeats, args.warmup,
+                                               log))
+    print(format_table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
