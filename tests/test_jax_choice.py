@@ -1,0 +1,163 @@
+"""How the JAX backend chooses a lowering: forced, measured (autotuning), or its policy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+import polyconv_jax  # noqa: E402
+from oracle import assert_within_bound, reference  # noqa: E402
+from polyconv_jax import _choice  # noqa: E402
+
+import polyconv  # noqa: E402
+
+ATTRS = {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1}
+
+
+def _plan(dtype="float32", channels=(8, 4), **attrs):
+    ic, oc = channels
+    return polyconv.infer_shape("ConvTranspose", (2, 6, 5, ic), (3, 3, oc, ic),
+                                **{**ATTRS, **attrs}).with_(dtype=dtype)
+
+
+@pytest.fixture
+def measuring(monkeypatch, tmp_path):
+    """Autotuning on for every plan, with an empty in-process cache and no cache file."""
+    monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 0)
+    monkeypatch.setattr(_choice, "_measurements", {})
+    monkeypatch.setattr(_choice, "_loaded_from", None)
+    monkeypatch.delenv(_choice.CACHE_ENV, raising=False)
+    jax.clear_caches()
+    with polyconv_jax.autotune(True):
+        yield tmp_path
+    jax.clear_caches()
+
+
+def _fake_measure(times, calls):
+    def measure(primitive, plan, precision, names, *args, **kwargs):
+        calls.append((primitive, tuple(names)))
+        return {n: times.get(n, 1.0) for n in names}
+    return measure
+
+
+def test_the_fastest_candidate_is_chosen_and_kept(measuring, monkeypatch):
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    plan = _plan()
+    assert _choice.choose("backward_data", plan, None) == "phases"
+    assert _choice.choose("backward_data", plan, None) == "phases"
+    assert len(calls) == 1                       # measured once per plan
+    # the op name and bias are not part of the key: the oneDNN alias reuses the measurement
+    assert _choice.choose("backward_data", plan.with_(op="ConvTranspose", has_bias=True),
+                          None) == "phases"
+    assert len(calls) == 1
+
+
+def test_the_plain_lowering_is_always_measured(measuring, monkeypatch):
+    """So the choice never loses to the plain lowering (beyond the measurement's noise)."""
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"direct": 0.01}, calls))
+    assert _choice.choose("backward_data", _plan(), None) == "direct"
+    for primitive in ("forward", "backward_weights"):
+        plan = _plan().with_(primitive=primitive)
+        assert _choice.candidates(primitive, plan)[0] == _choice.policy(primitive, plan)
+        assert "direct" in _choice.candidates(primitive, plan)
+
+
+def test_inexact_lowerings_are_never_candidates():
+    """k3 s2: the sub-pixel window holds zero taps, so measuring never considers it; k4 s2:
+    it does not, and it is measured."""
+    assert not any(n.startswith("subpixel") for n in _choice.candidates("backward_data",
+                                                                         _plan()))
+    k4 = polyconv.infer_shape("ConvTranspose", (2, 6, 5, 8), (4, 4, 4, 8), **ATTRS)
+    assert "subpixel" in _choice.candidates("backward_data", k4.with_(dtype="float32"))
+
+
+def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({}, calls))
+    monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 10**12)
+    assert _choice.choose("backward_data", _plan(), None) == _choice.policy(
+        "backward_data", _plan())
+    monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 0)
+    assert _choice.choose("backward_data", _plan("float64"), None) == _choice.policy(
+        "backward_data", _plan("float64"))
+    assert calls == []
+
+
+def test_autotune_off_and_forcing_take_precedence(measuring, monkeypatch):
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    with polyconv_jax.autotune(False):
+        assert _choice.choose("backward_data", _plan(), None) == _choice.policy(
+            "backward_data", _plan())
+    monkeypatch.setenv(_choice.AUTOTUNE_ENV, "0")
+    with polyconv_jax.force_lowering(backward_data="subpixel"):
+        assert _choice.choose("backward_data", _plan(), None) == "subpixel"
+    assert calls == []
+    # the settings are part of each primitive's jit cache key
+    with polyconv_jax.autotune(False):
+        off = _choice.settings()
+    with polyconv_jax.autotune(True):
+        assert _choice.settings() != off
+
+
+def test_the_cache_file(measuring, monkeypatch):
+    path = measuring / "choices.json"
+    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    assert _choice.choose("backward_data", _plan(), None) == "phases"
+    stored = json.loads(path.read_text())
+    assert list(stored.values()) == ["phases"]
+    # a new process (an empty in-process cache) reads it instead of measuring
+    monkeypatch.setattr(_choice, "_measurements", {})
+    monkeypatch.setattr(_choice, "_loaded_from", None)
+    assert _choice.choose("backward_data", _plan(), None) == "phases"
+    assert len(calls) == 1
+    # an unreadable file only costs a measurement
+    path.write_text("not json")
+    monkeypatch.setattr(_choice, "_measurements", {})
+    monkeypatch.setattr(_choice, "_loaded_from", None)
+    assert _choice.choose("backward_data", _plan(), None) == "phases"
+    assert len(calls) == 2
+
+
+def test_measure_times_every_candidate_and_drops_slow_ones():
+    """The real measurement on a small plan: every candidate compiles and runs; one whose
+    first call is far slower than the best is timed once only."""
+    plan = _plan()
+    names = _choice.candidates("backward_data", plan)
+    calls = []
+
+    def timer(fn, args):
+        jax.block_until_ready(fn(*args))
+        calls.append(fn)
+        return 10.0 if len(calls) == len(names) else 1.0   # the last first call is slow
+
+    times = _choice.measure("backward_data", plan, None, names, rounds=3, timer=timer)
+    assert times[names[-1]] == 10.0
+    assert all(times[n] == 1.0 for n in names[:-1])
+    assert len(calls) == len(names) + 3 * (len(names) - 1)
+
+
+def test_measured_choice_under_jit_grad_and_vmap_matches_the_oracle(measuring):
+    """Measuring runs while the caller is traced (jit, grad, vmap), and whatever it picks is
+    exact."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (2, 6, 5, 8)).astype(np.float32)
+    w = rng.uniform(-1, 1, (3, 3, 4, 8)).astype(np.float32)
+    y = jax.jit(lambda x, w: polyconv.conv_transpose(x, w, **ATTRS))(x, w)
+    ref = reference("conv_transpose", x.astype(np.float64), w.astype(np.float64), **ATTRS)
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float32")
+    g = jax.jit(jax.vmap(jax.grad(lambda w, x: jnp.sum(
+        polyconv.conv_transpose(x[None], w, **ATTRS))), in_axes=(None, 0)))(w, x)
+    assert g.shape == (2, *w.shape)
+    chosen = _choice.measured_choices()
+    assert chosen, "nothing was measured"
+    assert all(name in _choice.LOWERINGS[key.split("|")[3]] for key, name in chosen.items())
