@@ -1,28 +1,32 @@
 """polyconv's JAX backend: the three primitives as ``jax.lax`` convolutions and products.
 
-Unstrided primitives, and the forward primitive always, are one
-``jax.lax.conv_general_dilated`` call each: the user's data layout (``NXC`` or ``NCX``, any
-spatial rank) and weights layout reach XLA as dimension numbers, so no data tensor is
-transposed. A strided backward_data (ConvTranspose, ConvolutionBackwardData) is not left to
-XLA's lhs-dilated convolution, a slow path on CPU: it is split into its output phases
-(sub-pixel decomposition), each a stride-1 convolution, matrix product or elementwise sum,
-chosen per geometry; grouped and 3-D weight gradients are split likewise. See
-:mod:`polyconv_jax._lowering` for the formulas, the choice and the measurements behind it;
-:func:`force_lowering` (or ``POLYCONV_JAX_LOWERING``) picks a lowering by name, for tests and
-benchmarks.
+Each primitive (forward ``a, W -> b``, backward_data ``b, W -> a``, backward_weights
+``a, b -> W``) has several exact lowerings: the plain ``jax.lax.conv_general_dilated`` call,
+with the user's data and weights layouts as dimension numbers, and decompositions that avoid
+XLA's slow paths (the phases of a strided transposed convolution, im2col products,
+GEMM + overlap-add, elementwise forms for few channels per group). Which one runs is measured
+per plan and device on first use, or taken from a default policy (:mod:`._choice`);
+:func:`force_lowering` picks one by name, :func:`autotune` switches measuring.
 
-Each primitive is a ``jax.jit`` function with the plan (and lowering) as static arguments:
-eager calls compile once per plan, and inside a user's ``jax.jit``, ``jax.grad``,
-``jax.vmap`` or ``shard_map`` it is inlined like any jax function. Sharded inputs keep their
-sharding (XLA propagates it; the batch axis stays sharded, weight gradients come back
-replicated).
+The modules, one per concern: :mod:`._xla` (precision, dimension numbers, the CPU-aware
+convolution call), :mod:`._forward`, :mod:`._backward_data` and :mod:`._backward_weights`
+(the lowerings of each primitive and its CPU policy), :mod:`._choice` (forcing, measuring,
+policy), :mod:`._primitives` (the jitted primitives and their derivative rules: every
+cotangent is computed by polyconv's own primitives). The docs page "JAX lowerings" has the
+formulas and the measurements.
 
-Numerics (SPEC §5): f16/bf16/f32 accumulate in float32 (``preferred_element_type``, or
-elementwise arithmetic in float32) with one final cast, f64 in float64 (needs
-``jax_enable_x64``); f32 runs at ``Precision.HIGHEST`` unless the caller passes
-``precision=`` (``"default"``, ``"high"``, a :class:`jax.lax.Precision`, or a pair of these).
-Every default lowering forms exactly the products of the definition, so a NaN or infinity
-reaches exactly the outputs that read it.
+Each primitive is a ``jax.jit`` function with the plan, precision and choice settings as
+static arguments: eager calls compile once per plan, and inside a user's ``jax.jit``,
+``jax.grad``, ``jax.vmap`` or ``shard_map`` it is inlined like any jax function. Sharded
+inputs keep their sharding (XLA propagates it; the batch axis stays sharded, weight
+gradients come back replicated).
+
+Numerics: f16/bf16/f32 accumulate in float32 (``preferred_element_type``, or elementwise
+arithmetic in float32) with one final cast, f64 in float64 (needs ``jax_enable_x64``); f32
+runs at ``Precision.HIGHEST`` unless the caller passes ``precision=`` (``"default"``,
+``"high"``, a :class:`jax.lax.Precision`, or a pair of these). Every lowering that the choice
+can take forms exactly the products of the definition, so a NaN or infinity reaches exactly
+the outputs that read it.
 """
 
 from __future__ import annotations

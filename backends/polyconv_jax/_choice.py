@@ -18,7 +18,9 @@ primitive is traced, in this order:
    XLA's own convolution autotuning sees.
 
 ``POLYCONV_JAX_AUTOTUNE=0`` (or :func:`autotune` ``(False)``) turns measuring off, for
-deterministic lowerings (the test suite does this). The choice is made for
+deterministic lowerings (the test suite does this). In a multi-process run
+(``jax.distributed``) nothing is measured, since every process must compile the same
+program: choices come from the cache file (measure once, share the file) or the policy. The choice is made for
 ``jax.default_backend()``'s platform, where the measurement runs.
 """
 
@@ -216,6 +218,10 @@ def choose(primitive: str, plan: ConvPlan, precision) -> str:
     if (not autotune_enabled() or macs(plan) < MEASURE_MIN_MACS or plan.batch == 0
             or plan.dtype == "float64"):   # float64 is for checking, not speed
         return policy(primitive, plan)
+    if jax.process_count() > 1:
+        # every process must compile the same program: no measuring (timings differ from
+        # host to host), only choices read from the cache file, else the policy
+        return _cached(primitive, plan, precision, names) or policy(primitive, plan)
     return _measured(primitive, plan, precision, names)
 
 
@@ -317,14 +323,18 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
             for name in names}
 
 
-def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
-    key = _key(primitive, plan, precision)
-    path = _cache_file()
+def _cached(primitive: str, plan: ConvPlan, precision, names) -> str | None:
     with _lock:
-        _load(path)
-        known = _measurements.get(key)
-    if known in names:
+        _load(_cache_file())
+        known = _measurements.get(_key(primitive, plan, precision))
+    return known if known in names else None
+
+
+def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
+    known = _cached(primitive, plan, precision, names)
+    if known is not None:
         return known
+    key, path = _key(primitive, plan, precision), _cache_file()
     times = measure(primitive, plan, precision, names)
     choice = min(names, key=lambda n: times[n])
     with _lock:

@@ -384,6 +384,52 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(results: dict[str, Any]) -> str:
+    """The run as a Markdown table: polyconv-jax's median time and its ratio to each peer."""
+    keys = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch")
+    m = results["machine"]
+    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs ({m.get('processor', '')}), Python "
+             f"{m['python']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
+             + ".", "",
+             "| layer | mode | polyconv-jax | lowering | " + " | ".join(keys) + " |",
+             "|---|---|---|---|" + "---|" * len(keys)]
+    per_key: dict[str, list[float]] = {k: [] for k in keys}
+    for row in results["layers"]:
+        r = ratios(row)
+        for k in r:
+            per_key.setdefault(k, []).append(r[k])
+        t = row["median_s"].get("polyconv-jax")
+        cells = [f"{r[k]:.2f}" if k in r else "-" for k in keys]
+        lines.append(f"| {row['layer']} | {row['mode']} | "
+                     + (f"{t * 1e3:.2f} ms" if t else "-")
+                     + f" | {row.get('lowering', '')} | " + " | ".join(cells) + " |")
+    lines.append("| **geometric mean** | | | | "
+                 + " | ".join(f"**{geomean(per_key[k]):.2f}**" for k in keys) + " |")
+    lines += ["", "Ratios: polyconv's median time over the peer's, same run (below 1: polyconv "
+              "is faster). *own ops*: polyconv's two backward ops for the layer, the cost the "
+              "gradient should match. *lowering*: what the JAX backend measured and chose, per "
+              "primitive (F forward, D backward_data, W backward_weights)."]
+    return "\n".join(lines) + "\n"
+
+
+def _chosen(layer: Layer) -> str:
+    """The lowerings the JAX backend measured for the layer's plan (F, D, W)."""
+    try:
+        from polyconv_jax import measured_choices
+    except ImportError:
+        return ""
+    geometry = repr(layer.plan.with_(dtype=layer.dtype, precision=None, has_bias=False))
+    found = {}
+    for key, name in measured_choices().items():
+        primitive = key.split("|")[3]
+        plan_text = key.split("|")[4]
+        # compare the geometry fields after the op/primitive ones
+        if plan_text.split("batch=", 1)[1] == geometry.split("batch=", 1)[1]:
+            found[primitive] = name
+    letters = {"forward": "F", "backward_data": "D", "backward_weights": "W"}
+    return " ".join(f"{letter}:{found[p]}" for p, letter in letters.items() if p in found)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polyconv bench --corpus",
                                      description=__doc__.split("\n")[0])
@@ -420,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": machine(), "layers": []}
     for layer in layers:
         for mode in modes:
-            results["layers"].append(run_layer(layer, mode, comps, args.repeats, args.warmup,
-                                               log))
+            row = run_layer(layer, mode, comps, args.repeats, args.warmup, log)
+            row["lowering"] = _chosen(layer)
+            results["layers"].append(row)
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

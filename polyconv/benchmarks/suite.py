@@ -495,10 +495,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int,
                         help="run numpy's BLAS, XLA and PyTorch on this many threads, pinned to "
                              "as many CPUs (default: each library's own choice)")
+    parser.epilog = ("'polyconv bench --corpus [options]' runs the layers of real public models "
+                     "instead, forward and gradient ('polyconv bench --corpus --help').")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--corpus"]:          # the real-model layers: their own options
+        from .corpus import main as corpus_main
+
+        return corpus_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
@@ -509,8 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
         if os.environ.get(_THREADS_ENV) != str(args.threads):
-            return _rerun_with_threads(args.threads, list(sys.argv[1:] if argv is None
-                                                          else argv))
+            return _rerun_with_threads(args.threads, argv)
         _pin(args.threads)
 
     def log(msg: str) -> None:
