@@ -26,7 +26,7 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError:
-    sys.exit("this example needs JAX: pip install 'polyconv[jax]'")
+    sys.exit("this example needs JAX: pip install 'polyconv-ops[jax]'")
 
 # The PyTorch layer: ConvTranspose2d(8, 6, kernel_size=3, stride=2, padding=1,
 #                                    output_padding=1, groups=2)

@@ -59,7 +59,7 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError:
-    print("jax is not installed: skipping the JAX part (pip install 'polyconv[jax]')")
+    print("jax is not installed: skipping the JAX part (pip install 'polyconv-ops[jax]')")
 else:
     yj = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), jnp.asarray(bias), **conv)
     print("on JAX:", type(yj).__name__, yj.shape, yj.dtype)

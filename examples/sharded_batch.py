@@ -22,7 +22,7 @@ try:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 except ImportError:
-    sys.exit("this example needs JAX: pip install 'polyconv[jax]'")
+    sys.exit("this example needs JAX: pip install 'polyconv-ops[jax]'")
 
 devices = jax.devices()
 print(f"{len(devices)} devices:", ", ".join(str(d) for d in devices))

@@ -18,7 +18,7 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError:
-    sys.exit("this example needs JAX: pip install 'polyconv[jax]'")
+    sys.exit("this example needs JAX: pip install 'polyconv-ops[jax]'")
 
 # latent [N, 4, 4, 8] --ConvTranspose (groups 2, stride 2, pads 1, output_padding 1)-->
 # [N, 8, 8, 8] --relu, Convolution 3x3 same--> image [N, 8, 8, 1]
