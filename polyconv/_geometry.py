@@ -164,6 +164,15 @@ class ConvPlan:
         start = 1 if self.channels_last else 2
         return tuple(range(start, start + self.ndim))
 
+    def __repr__(self) -> str:
+        # The answer first (what infer_shape is called for), then the canonical description.
+        from dataclasses import fields
+
+        head = ("shape", "pads_begin", "pads_end", "output_padding")
+        items = [(name, getattr(self, name)) for name in head]
+        items += [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in head]
+        return f"ConvPlan({', '.join(f'{name}={value!r}' for name, value in items)})"
+
     def with_(self, **changes) -> ConvPlan:
         """A copy with some fields replaced."""
         from dataclasses import replace

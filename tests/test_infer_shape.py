@@ -170,3 +170,13 @@ def test_too_many_shapes_and_unknown_keywords():
                           dst_shape=(3, 3))
     assert type(from_shapes) is type(from_op) is TypeError
     assert "dst_shape" in str(from_shapes)
+
+
+def test_repr_shows_the_answer_first():
+    """What infer_shape returns prints the output shape and the resolved pads first."""
+    plan = polyconv.infer_shape("ConvTranspose", (8, 32, 32, 64), (3, 3, 64, 64), strides=2,
+                                auto_pad="same_upper", output_padding=1)
+    text = repr(plan)
+    assert text.startswith("ConvPlan(shape=(8, 65, 65, 64), pads_begin=(0, 0), "
+                           "pads_end=(1, 1), output_padding=(1, 1), "), text
+    assert "a_spatial=(65, 65)" in text and "weights_format='XOI'" in text
