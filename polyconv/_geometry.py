@@ -238,6 +238,25 @@ def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
     return items
 
 
+def _is_empty(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return not value
+    return not isinstance(value, (str, bytes)) and getattr(value, "shape", None) == (0,)
+
+
+def _parse_pads(op: str, name: str, value, ndim: int, auto_pad: str) -> tuple[int, ...]:
+    """``pads_begin``/``pads_end``: as :func:`parse_ints`, and empty where ``auto_pad``
+    computes the pads (oneDNN's own calls pass ``[]`` with ``auto_pad="SAME_UPPER"``)."""
+    if _is_empty(value):
+        if auto_pad != "none":
+            return (0,) * ndim
+        msg = (f"{op}: {name} must have one entry per spatial axis ({ndim}, from the data "
+               f"rank); got {name}=() with 0 entries (empty pads are accepted only where "
+               f"auto_pad computes them: 'same_upper', 'same_lower' or 'valid')")
+        raise ValueError(msg)
+    return parse_ints(op, name, value, ndim)
+
+
 def _check_min(op: str, name: str, values: tuple[int, ...], lo: int) -> None:
     if any(v < lo for v in values):
         rule = "positive" if lo == 1 else "non-negative"
@@ -514,8 +533,8 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
     # ---- numeric attributes ----------------------------------------------------------------
     strides = parse_ints(op, "strides", attrs.strides, ndim)
     dilations = parse_ints(op, "dilations", attrs.dilations, ndim)
-    pads_begin = parse_ints(op, "pads_begin", attrs.pads_begin, ndim)
-    pads_end = parse_ints(op, "pads_end", attrs.pads_end, ndim)
+    pads_begin = _parse_pads(op, "pads_begin", attrs.pads_begin, ndim, auto_pad)
+    pads_end = _parse_pads(op, "pads_end", attrs.pads_end, ndim, auto_pad)
     output_padding = parse_ints(op, "output_padding", attrs.output_padding, ndim)
     groups = _as_int(op, "groups", attrs.groups)
     _check_min(op, "strides", strides, 1)

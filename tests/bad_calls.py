@@ -131,6 +131,11 @@ def _every_op() -> list[BadCall]:
             _bad(fn, "pads-length-under-auto_pad", ValueError,
                  r"^{op}: pads_end .*spatial axis.*pads_end=\(1, 1, 1\)",
                  pads_end=(1, 1, 1), auto_pad="valid"),
+            # empty pads are oneDNN's spelling of "auto_pad computes them": not without it
+            _bad(fn, "pads-empty-without-auto_pad", ValueError,
+                 r"^{op}: pads_begin .*one entry per spatial axis.*pads_begin=\(\).*"
+                 r"empty pads are accepted only where auto_pad computes them",
+                 pads_begin=[], pads_end=[]),
             _bad(fn, "strides-float", TypeError, r"^{op}: strides.*integer.*1\.5",
                  strides=(1.5, 1)),
             _bad(fn, "groups-string", TypeError, r"^{op}: groups.*integer.*'2'", groups="2"),

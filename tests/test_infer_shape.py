@@ -180,3 +180,27 @@ def test_repr_shows_the_answer_first():
     assert text.startswith("ConvPlan(shape=(8, 65, 65, 64), pads_begin=(0, 0), "
                            "pads_end=(1, 1), output_padding=(1, 1), "), text
     assert "a_spatial=(65, 65)" in text and "weights_format='XOI'" in text
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "same_lower", "valid"])
+@pytest.mark.parametrize("fn", ALL_FUNCTIONS)
+def test_empty_pads_where_auto_pad_computes_them(fn, auto_pad):
+    """oneDNN's own call shape: ``pads_begin=[]``, ``pads_end=[]`` with ``auto_pad``."""
+    case = build_case(fn, {**ROW, "auto_pad": auto_pad.lower()}, seed=5)
+    shapes, attrs = _shape_call(case)
+    attrs = {k: v for k, v in attrs.items() if k not in ("pads_begin", "pads_end", "auto_pad")}
+    expected = polyconv.infer_shape(fn, *shapes, auto_pad=auto_pad, **attrs)
+    for empty in ([], (), np.array([], dtype=np.int64)):
+        plan = polyconv.infer_shape(fn, *shapes, pads_begin=empty, pads_end=empty,
+                                    auto_pad=auto_pad, **attrs)
+        assert plan == expected
+    check_plan(expected, case.geometry())
+
+
+def test_empty_pads_run_on_arrays():
+    x = np.random.default_rng(0).standard_normal((1, 5, 5, 2)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((3, 3, 2, 4)).astype(np.float32)
+    y = polyconv.convolution(x, w, strides=2, pads_begin=[], pads_end=[],
+                             auto_pad="SAME_UPPER")
+    np.testing.assert_array_equal(y, polyconv.convolution(x, w, strides=2,
+                                                          auto_pad="same_upper"))
