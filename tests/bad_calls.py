@@ -295,11 +295,58 @@ def _output_padding() -> list[BadCall]:
                           r"^{op}: output_padding=\(1, 0\) contradicts.*\(6, 6\).*"
                           r"output_padding=\(1, 1\)",
                           replace=replace, strides=2, output_padding=(1, 0)))
-    # Not accepted by the forward-rule ops (they have no such keyword).
-    for fn in ("convolution", "convolution_backward_weights"):
-        calls.append(_bad(fn, "output_padding-not-accepted", TypeError,
-                          r"{op}\(\) got an unexpected keyword argument 'output_padding'",
-                          output_padding=1))
+    # Not accepted by the forward-rule ops (they have no such attribute), whatever its value;
+    # the message says where it belongs (docs/semantics.md says the same).
+    for fn in ("convolution", "convolution_backward_weights", "convolution_backprop_filters"):
+        for value in (1, 0):
+            calls.append(_bad(fn, f"output_padding-{value}-not-accepted", TypeError,
+                              r"{op}\(\) got an unexpected keyword argument 'output_padding'"
+                              r".*belongs to the transposed direction.*conv_transpose.*"
+                              r"{op} has no output_padding attribute, whatever its value",
+                              output_padding=value))
+    return calls
+
+
+def _other_spellings() -> list[BadCall]:
+    """PyTorch's, Keras's, JAX's and ONNX's keywords: the message names polyconv's."""
+    kw = r"{op}\(\) got an unexpected keyword argument "
+    calls = []
+    for fn in (*MAIN_OPS, *ALIAS_OPS):
+        calls += [
+            _bad(fn, "stride", TypeError, kw + r"'stride'; did you mean strides=\?", stride=2),
+            _bad(fn, "dilation", TypeError, kw + r"'dilation'; did you mean dilations=\?",
+                 dilation=2),
+            _bad(fn, "padding-int", TypeError,
+                 kw + r"'padding'; did you mean pads_begin=1, pads_end=1\?.*pads_begin=.*"
+                 r"pads_end=.*auto_pad=", padding=1),
+            _bad(fn, "padding-same", TypeError,
+                 kw + r"'padding'; did you mean auto_pad='same_upper'\?.*"
+                 r"odd pad element at the end", padding="same"),
+        ]
+    calls += [
+        _bad("convolution", "padding-per-axis", TypeError,
+             kw + r"'padding'; did you mean pads_begin=\(1, 2\), pads_end=\(1, 2\)\?",
+             padding=(1, 2)),
+        _bad("convolution", "padding-lax-pairs", TypeError,
+             kw + r"'padding'; did you mean pads_begin=\(1, 0\), pads_end=\(2, 1\)\?",
+             padding=[(1, 2), (0, 1)]),
+        _bad("convolution", "pads-onnx", TypeError,
+             kw + r"'pads'; did you mean pads_begin=\(1, 0\), pads_end=\(2, 1\)\?",
+             pads=[1, 0, 2, 1]),
+        _bad("conv_transpose", "padding-valid", TypeError,
+             kw + r"'padding'; did you mean auto_pad='valid'\?", padding="valid"),
+        _bad("convolution", "padding-unknown", TypeError,
+             kw + r"'padding'; polyconv has no padding=.*pads_begin=.*pads_end=.*auto_pad=",
+             padding="full"),
+        _bad("conv_transpose", "output_size", TypeError,
+             kw + r"'output_size'; did you mean dst_shape=\?", output_size=(5, 5)),
+        _bad("convolution", "output_size", TypeError,
+             kw + r"'output_size'.*follows from its inputs.*infer_shape", output_size=(3, 3)),
+        _bad("convolution", "group", TypeError, kw + r"'group'; did you mean groups=\?",
+             group=1),
+        _bad("convolution", "typo", TypeError, kw + r"'stides'; did you mean strides=\?",
+             stides=1),
+    ]
     return calls
 
 
@@ -390,7 +437,7 @@ def _aliases() -> list[BadCall]:
 
 def catalogue() -> list[BadCall]:
     return [*_every_op(), *_weights_and_channels(), *_bias(), *_output_padding(),
-            *_empty_and_dst_shape(), *_aliases()]
+            *_other_spellings(), *_empty_and_dst_shape(), *_aliases()]
 
 
 BAD_CALLS = catalogue()
