@@ -376,6 +376,77 @@ def _weights_meaning(family: Family, fmt: str) -> str:
     return ", ".join(names[letter] for letter in fmt)
 
 
+#: The weights format of each family that goes with channels-first data in PyTorch and ONNX
+#: (and with channels-last data in TensorFlow and JAX): tried first by the layout hint.
+_USUAL_WEIGHTS = {("convolution", "NCX"): "OIX", ("convolution", "NXC"): "XIO",
+                  ("conv_transpose", "NCX"): "IOX", ("conv_transpose", "NXC"): "XOI"}
+
+
+def _channels_fit(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
+                  order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
+                  data_format: str, weights_format: str) -> bool:
+    """Whether the data and weights channels agree when read in these formats.
+
+    ``data`` holds the full data shapes by name; ``order`` names the (large, small) data
+    inputs of a backward-weights op, or (first, first) otherwise; ``weights`` is the full
+    weights shape, ``None`` when only the kernel sizes are known.
+    """
+    def channels(name: str) -> int:
+        shape = data[name]
+        return shape[-1] if data_format == "NXC" else shape[1]
+
+    ndim = len(next(iter(data.values()))) - 2
+    if weights is not None:
+        perm = _weights_perm(weights_format, ndim, family)
+        w_cb, w_ca = weights[perm[0]], weights[perm[1]]
+    if primitive == "backward_weights":
+        a, b = channels(order[0]), channels(order[1])
+    elif primitive == "forward":
+        a, b = channels(order[0]), w_cb
+    else:
+        a, b = w_ca * groups, channels(order[0])
+    if a % groups or b % groups or min(a, b) < 1:
+        return False
+    return weights is None or (w_cb, w_ca) == (b, a // groups)
+
+
+def _layout_hint(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
+                 order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
+                 data_format: str, weights_format: str) -> str:
+    """How the data was read and, where other formats make the channels agree, which."""
+    channels_last = data_format == "NXC"
+    axis = len(data[order[0]]) - 1 if channels_last else 1
+    read = (f"the data is read as {data_format} "
+            f"({'[N, X.., C], channels last' if channels_last else '[N, C, X..], channels first'}"
+            f"{', the default' if channels_last else ''}), so its channels are "
+            f"{', '.join(f'{n}.shape[{axis}]={data[n][axis]}' for n in dict.fromkeys(order))}")
+    # The other data layout with its usual weights (the PyTorch user's NCX + OIX/IOX), the
+    # other data layout alone, then the other weights formats, the usual ones first.
+    other = "NCX" if channels_last else "NXC"
+    candidates = [(other, weights_format)]
+    if weights is not None:
+        def usual_first(fmt: str) -> list[str]:
+            usual = _USUAL_WEIGHTS[family, fmt]
+            return sorted(WEIGHTS_FORMATS, key=lambda f: f != usual)
+
+        candidates = [(other, _USUAL_WEIGHTS[family, other]), *candidates]
+        candidates += [(data_format, f) for f in usual_first(data_format)]
+        candidates += [(other, f) for f in usual_first(other)]
+    candidates = [c for c in dict.fromkeys(candidates) if c != (data_format, weights_format)]
+    for dfmt, wfmt in candidates:
+        if _channels_fit(family, primitive, data, order, weights, groups, dfmt, wfmt):
+            changes = []
+            if dfmt != data_format:
+                changes.append(f"data_format={dfmt!r}")
+            if wfmt != weights_format:
+                changes.append(f"weights_format={wfmt!r}")
+            torch = (" (channels-first data and PyTorch's weights layout)"
+                     if dfmt == "NCX" and wfmt == _USUAL_WEIGHTS[family, "NCX"] else "")
+            return (f"{read}. These shapes fit {', '.join(changes)}{torch}: if that is how "
+                    f"they are laid out, pass {' and '.join(changes)}")
+    return read
+
+
 # --------------------------------------------------------------------------------------------
 # geometry formulas (SPEC §4)
 # --------------------------------------------------------------------------------------------
@@ -511,9 +582,12 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
     data_inputs = [name for name in ("src", "diff_dst") if shapes.get(name) is not None]
     first = data_inputs[0]
     first_shape = _shape(op, first, shapes[first])
+    layout = "[N, X.., C]" if channels_last else "[N, C, X..]"
+    no_batch = (f"if {first} lacks its batch axis, add one ({first}[None]): the data must be "
+                f"{layout} ({data_format}), batch first")
     if len(first_shape) < 3:
         msg = (f"{op}: {first} must have rank >= 3 ([N, C, X..] or [N, X.., C], at least one "
-               f"spatial axis); got {first}.shape={first_shape}")
+               f"spatial axis); got {first}.shape={first_shape}; {no_batch}")
         raise ValueError(msg)
     ndim = len(first_shape) - 2
     data = {}
@@ -553,18 +627,30 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
     # ---- weights: given as an array, or as weights_shape -----------------------------------
     perm = _weights_perm(weights_format, ndim, family)
     w_role_cb, w_role_ca = ("O", "I") if family == "convolution" else ("I", "O")
+    # Weights one rank above the data: most likely data without its batch axis.
+    read_as = (f"{first}.shape={first_shape} gives {ndim} spatial "
+               f"{'axis' if ndim == 1 else 'axes'}; {no_batch}")
     if primitive == "backward_weights":
-        w_given = _weights_from_shape_arg(op, weights_shape, ndim, weights_format)
+        w_given = _weights_from_shape_arg(op, weights_shape, ndim, weights_format, read_as)
     else:
         w_given = _shape(op, "weights", shapes["weights"])
         if len(w_given) != ndim + 2:
             msg = (f"{op}: weights must have rank {ndim + 2} ({weights_format}, matching "
-                   f"{first}.shape={first_shape}); got weights.shape={w_given}")
+                   f"{first}.shape={first_shape}); got weights.shape={w_given}"
+                   f"{'; ' + read_as if len(w_given) == ndim + 3 else ''}")
             raise ValueError(msg)
     # w_given is a full user-layout shape, or ("spatial", K) for weights_shape=K.
 
     # ---- channels --------------------------------------------------------------------------
     meaning = _weights_meaning(family, weights_format)
+    order = ((_large_input(kind), _small_input(kind)) if primitive == "backward_weights"
+             else (first, first))
+
+    def layout_hint() -> str:
+        full_shapes = {name: data[name][3] for name in data}
+        weights = None if w_given[0] == "spatial" else w_given
+        return _layout_hint(family, primitive, full_shapes, order, weights, groups,
+                            data_format, weights_format)
     if primitive == "backward_weights":
         large_c = data[_large_input(kind)][1]
         small_c = data[_small_input(kind)][1]
@@ -580,7 +666,8 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
         kernel = w_given[1]
         if a_channels is None or b_channels is None:  # pragma: no cover - not reachable
             raise AssertionError
-        _check_groups(op, groups, a_channels, b_channels, large_name, small_name)
+        _check_groups(op, groups, a_channels, b_channels, large_name, small_name,
+                      layout_hint)
     else:
         full = w_given
         kernel = tuple(full[i] for i in perm[2:])
@@ -594,7 +681,8 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
             b_channels = w_cb
         if a_channels is None:
             a_channels = w_ca * groups
-        _check_groups(op, groups, a_channels, b_channels, large_name, small_name)
+        _check_groups(op, groups, a_channels, b_channels, large_name, small_name,
+                      layout_hint)
         if family == "convolution":
             ic, oc = a_channels, b_channels
         else:
@@ -607,7 +695,7 @@ def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs
         if wrong:
             msg = (f"{op}: {wname}={full} does not match the data channels: {weights_format} "
                    f"weights are [{meaning}] and here IC={ic}, OC={oc}, groups={groups}, so "
-                   f"{'; '.join(wrong)}")
+                   f"{'; '.join(wrong)}; {layout_hint()}")
             raise ValueError(msg)
     if any(k < 1 for k in kernel):
         msg = f"{op}: kernel sizes must be positive; got kernel spatial sizes {kernel}"
@@ -695,10 +783,11 @@ def _small_input(kind: str) -> str:
     return "diff_dst" if kind == "convolution_backward_weights" else "src"
 
 
-def _check_groups(op, groups, a_channels, b_channels, large_name, small_name):
+def _check_groups(op, groups, a_channels, b_channels, large_name, small_name, layout_hint):
     if a_channels % groups or b_channels % groups:
         msg = (f"{op}: groups must divide both channel counts; got groups={groups}, "
-               f"{large_name} channels={a_channels}, {small_name} channels={b_channels}")
+               f"{large_name} channels={a_channels}, {small_name} channels={b_channels}; "
+               f"{layout_hint()}")
         raise ValueError(msg)
 
 
@@ -717,7 +806,7 @@ def _consistent_output_padding(op, given, implied, what, a_sp):
         raise ValueError(msg)
 
 
-def _weights_from_shape_arg(op, weights_shape, ndim, fmt):
+def _weights_from_shape_arg(op, weights_shape, ndim, fmt, read_as):
     if weights_shape is None:
         msg = (f"{op}: weights_shape is required (the full {fmt} weights shape, or the "
                f"{ndim} spatial kernel sizes)")
@@ -728,7 +817,8 @@ def _weights_from_shape_arg(op, weights_shape, ndim, fmt):
     if len(shp) == ndim + 2:
         return shp
     msg = (f"{op}: weights_shape must be the full weights shape ({ndim + 2} entries, "
-           f"{fmt}) or the spatial kernel sizes ({ndim} entries); got weights_shape={shp}")
+           f"{fmt}) or the spatial kernel sizes ({ndim} entries); got weights_shape={shp}"
+           f"{'; ' + read_as if len(shp) == ndim + 3 else ''}")
     raise ValueError(msg)
 
 

@@ -152,7 +152,8 @@ def _every_op() -> list[BadCall]:
                  r"^{op}: unknown weights_format 'HWIO'.*'XIO', 'OIX', 'IOX', 'XOI'",
                  weights_format="HWIO"),
             _bad(fn, "data-rank-too-small", ValueError,
-                 rf"^{{op}}: {first} must have rank >= 3.*{first}\.shape=\(2, 3\)",
+                 rf"^{{op}}: {first} must have rank >= 3.*{first}\.shape=\(2, 3\).*"
+                 rf"if {first} lacks its batch axis, add one.*\[N, X\.\., C\]",
                  replace={first: np.zeros((2, 3), "float32")}),
             # dtypes: TypeError naming the dtypes
             _bad(fn, "int-input", TypeError,
@@ -250,6 +251,65 @@ def _weights_and_channels() -> list[BadCall]:
                  replace={"diff_dst": np.zeros((3, *BASE[fn][1][1][1:]), "float32")}),
         ]
     return calls
+
+
+def _layouts() -> list[BadCall]:
+    """The PyTorch user's first call: NCX data and PyTorch weights with the defaults (NXC and
+    XIO/XOI). The message says how the data was read and which formats the shapes fit."""
+    def z(*shape):
+        return np.zeros(shape, "float32")
+
+    read = r"read as NXC.*channels last, the default.*"
+    return [
+        # torch ConvTranspose2d(4, 3, 3): x [1, 4, 6, 6], weight [4, 3, 3, 3] (IOX)
+        _bad("conv_transpose", "pytorch-layouts", ValueError,
+             r"^{op}: weights\.shape=\(4, 3, 3, 3\) does not match the data channels.*"
+             r"IC=6.*" + read + r"src\.shape\[3\]=6.*"
+             r"fit data_format='NCX', weights_format='IOX'.*PyTorch",
+             replace={"src": z(1, 4, 6, 6), "weights": z(4, 3, 3, 3)}),
+        # torch Conv2d(3, 16, 3): x [2, 3, 8, 8], weight [16, 3, 3, 3] (OIX)
+        _bad("convolution", "pytorch-layouts", ValueError,
+             r"^{op}: does not match the data channels.*" + read + r"src\.shape\[3\]=8.*"
+             r"fit data_format='NCX', weights_format='OIX'.*pass data_format='NCX' and "
+             r"weights_format='OIX'",
+             replace={"src": z(2, 3, 8, 8), "weights": z(16, 3, 3, 3)}),
+        # torch depthwise Conv2d(8, 8, 3, groups=8): the groups check sees the wrong channels
+        _bad("convolution", "pytorch-depthwise", ValueError,
+             r"^{op}: groups must divide both channel counts.*groups=8.*" + read +
+             r"fit data_format='NCX', weights_format='OIX'",
+             replace={"src": z(1, 8, 10, 10), "weights": z(8, 1, 3, 3)}, groups=8),
+        _bad("convolution_backward_weights", "pytorch-layouts", ValueError,
+             r"^{op}: weights_shape=\(16, 3, 3, 3\) does not match the data channels.*"
+             + read + r"src\.shape\[3\]=8, diff_dst\.shape\[3\]=6.*"
+             r"fit data_format='NCX', weights_format='OIX'",
+             replace={"src": z(2, 3, 8, 8), "diff_dst": z(2, 16, 6, 6)},
+             positional=(16, 3, 3, 3)),
+        # NXC data and PyTorch (OIX) convolution weights: only the weights format is off
+        _bad("convolution", "weights-format-only", ValueError,
+             r"^{op}: does not match the data channels.*" + read +
+             r"fit weights_format='OIX'.*pass weights_format='OIX'",
+             replace={"weights": z(4, 3, 2, 2)}),
+        # channels-first data declared, channels-last data given
+        _bad("conv_transpose_backward_data", "data-format-only", ValueError,
+             r"^{op}: does not match the data channels.*read as NCX.*channels first.*"
+             r"diff_dst\.shape\[1\]=6.*fit data_format='NXC'",
+             replace={"diff_dst": z(2, 6, 6, 5)}, data_format="NCX"),
+        # data without its batch axis: the weights look one rank too many
+        _bad("convolution", "data-without-batch", ValueError,
+             r"^{op}: weights must have rank 3.*weights\.shape=\(3, 3, 3, 4\).*"
+             r"src lacks its batch axis, add one \(src\[None\]\).*"
+             r"must be \[N, X\.\., C\] \(NXC\)",
+             replace={"src": z(5, 5, 3)}),
+        _bad("conv_transpose", "data-without-batch-NCX", ValueError,
+             r"^{op}: weights must have rank 3.*src lacks its batch axis.*"
+             r"must be \[N, C, X\.\.\] \(NCX\)",
+             replace={"src": z(4, 3, 3), "weights": z(4, 5, 3, 3)}, data_format="NCX",
+             weights_format="IOX"),
+        _bad("convolution_backward_weights", "data-without-batch", ValueError,
+             r"^{op}: weights_shape must be the full weights shape.*"
+             r"weights_shape=\(3, 3, 3, 4\).*src lacks its batch axis",
+             replace={"src": z(5, 5, 3), "diff_dst": z(3, 3, 4)}),
+    ]
 
 
 def _bias() -> list[BadCall]:
@@ -436,7 +496,7 @@ def _aliases() -> list[BadCall]:
 
 
 def catalogue() -> list[BadCall]:
-    return [*_every_op(), *_weights_and_channels(), *_bias(), *_output_padding(),
+    return [*_every_op(), *_weights_and_channels(), *_layouts(), *_bias(), *_output_padding(),
             *_other_spellings(), *_empty_and_dst_shape(), *_aliases()]
 
 
