@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import oracle
@@ -96,6 +97,20 @@ class Raising:
     def _out(self, *args, **kwargs):
         msg = "this backend is broken"
         raise RuntimeError(msg)
+
+    forward = backward_data = backward_weights = _out
+
+
+class Compiling(Fixed):
+    """A backend whose first call is slow, as JAX's is while it traces and compiles."""
+
+    name = "compiling"
+    FIRST = 0.3
+
+    def _out(self, *args, **kwargs):
+        if self.calls == 0:
+            time.sleep(self.FIRST)
+        return super()._out(*args, **kwargs)
 
     forward = backward_data = backward_weights = _out
 
@@ -195,6 +210,23 @@ def test_report_table_and_json():
     (row,) = d["results"]
     assert set(row) >= {"backend", "library", "shape", "dtype", "max_abs_error", "max_ratio",
                         "ok", "seconds", "status"}
+
+
+def test_time_is_a_warm_run_and_the_first_call_is_apart(monkeypatch):
+    """Compilation (a slow first call) is reported apart, not in the run time."""
+    inputs, exact = _exact_plus(0.0, "float32")
+    backend = Compiling(exact)
+    _register(monkeypatch, "compiling", backend)
+    report = polyconv.compare(OP, *inputs, backends=["compiling"], **ATTRS)
+    (r,) = report.results
+    assert r.ok and backend.calls == 2
+    assert r.first_seconds >= Compiling.FIRST
+    assert r.seconds < Compiling.FIRST / 2
+    header = str(report).splitlines()[1]
+    assert "first call" in header and "run (warm)" in header
+    assert " time " not in f" {header} "
+    row = json.loads(json.dumps(report.to_dict()))["results"][0]
+    assert row["first_seconds"] >= Compiling.FIRST > row["seconds"]
 
 
 def test_op_given_as_function_or_function_name():
