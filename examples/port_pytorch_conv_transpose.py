@@ -45,7 +45,7 @@ if torch is not None:
     y_ref = torch.nn.functional.conv_transpose2d(
         torch.from_numpy(x_ncx), torch.from_numpy(w_iox), torch.from_numpy(bias),
         stride=STRIDE, padding=PAD, output_padding=OUT_PAD, groups=GROUPS).numpy()
-    reference = "torch.nn.functional.conv_transpose2d"
+    reference = f"torch.nn.functional.conv_transpose2d, torch {torch.__version__}"
 else:
     y_ref = polyconv.conv_transpose(
         x_ncx, w_iox, bias, strides=STRIDE, pads_begin=PAD, pads_end=PAD,
@@ -71,7 +71,8 @@ x_nxc = np.transpose(x_ncx, (0, 2, 3, 1))  # NCHW -> NHWC
 y_nxc = layer(jnp.asarray(x_nxc), jnp.asarray(w_xoi), jnp.asarray(bias))
 y_nxc_as_ncx = np.transpose(np.asarray(y_nxc), (0, 3, 1, 2))
 
-print("PyTorch layout  ", x_ncx.shape, "->", y_ref.shape, f"({reference})")
+print(f"reference: {reference}")
+print("PyTorch layout  ", x_ncx.shape, "->", y_ref.shape)
 print("channels-last   ", x_nxc.shape, "->", y_nxc.shape, "(jax.jit, NXC/XOI)")
 for name, y in (("JAX, NCX/IOX", np.asarray(y_jax_ncx)), ("JAX, NXC/XOI", y_nxc_as_ncx)):
     err = np.max(np.abs(y - y_ref))

@@ -20,10 +20,7 @@ def test_every_example_is_listed():
     assert {"quickstart.py", *NEEDS_JAX} <= names
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_runs(path):
-    if path.name in NEEDS_JAX and importlib.util.find_spec("jax") is None:
-        pytest.skip(f"{path.name} needs jax, which is not installed")
+def _run(path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     # A raw checkout works too: the package and the backends' source root on the path.
     env["PYTHONPATH"] = os.pathsep.join(
@@ -32,3 +29,22 @@ def test_example_runs(path):
     proc = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, f"{path.name} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs(path):
+    if path.name in NEEDS_JAX and importlib.util.find_spec("jax") is None:
+        pytest.skip(f"{path.name} needs jax, which is not installed")
+    _run(path)
+
+
+def test_pytorch_port_meets_pytorch():
+    """With torch installed, the porting example checks its JAX layer against PyTorch itself,
+    not against its fallback (polyconv's own numpy backend)."""
+    missing = [m for m in ("jax", "torch") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs jax and torch together; {' and '.join(missing)} not installed")
+    out = _run(ROOT / "examples" / "port_pytorch_conv_transpose.py").stdout
+    assert "reference: torch.nn.functional.conv_transpose2d" in out, out
+    assert "the ported layer matches" in out
