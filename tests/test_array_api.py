@@ -14,6 +14,8 @@ import importlib
 import importlib.util
 import itertools
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,17 +106,25 @@ LIBS = (
 )
 
 
-def _selected_libs() -> list[Lib]:
+def _selected_libs() -> list:
     """The libraries whose ``array_api-*`` target is in ``POLYCONV_TEST_BACKENDS`` (all when it
-    is unset), so that each nox session runs the array libraries it installed."""
+    is unset), so that each nox session runs the array libraries it installed. Where it names
+    none, one skipped parameter says so (rather than pytest's "empty parameter set")."""
     raw = os.environ.get("POLYCONV_TEST_BACKENDS", "")
     requested = {t.strip() for t in raw.split(",") if t.strip()}
     if not requested:
         return list(LIBS)
-    return [lib for lib in LIBS if f"array_api-{lib.target}" in requested]
+    chosen = [lib for lib in LIBS if f"array_api-{lib.target}" in requested]
+    if chosen:
+        return chosen
+    targets = ", ".join(f"array_api-{lib.target}" for lib in LIBS)
+    reason = (f"POLYCONV_TEST_BACKENDS={raw!r} names no target of the generic array-API "
+              f"backend's own tests ({targets}); the tests-array_api and tests-torch sessions "
+              f"run them")
+    return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-array-library")]
 
 
-@pytest.fixture(params=_selected_libs(), ids=lambda lib: lib.name)
+@pytest.fixture(params=_selected_libs(), ids=lambda lib: getattr(lib, "name", None))
 def lib(request) -> Lib:
     lib: Lib = request.param
     top = lib.module.split(".", 1)[0]
@@ -459,3 +469,19 @@ def test_dtype_rules_name_the_dtypes(lib):
     with pytest.raises(TypeError, match=r"src\.dtype=int32"):
         polyconv.convolution(ints, lib.asarray(np.ones((3, 2, 4), np.float32)),
                              backend="array_api")
+
+
+def test_a_session_without_array_api_targets_says_why():
+    """A session that selects no array-API target skips these tests with a reason that says
+    so, not pytest's "got empty parameter set"."""
+    env = {**os.environ, "POLYCONV_TEST_BACKENDS": "numpy"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+         f"{__file__}::test_keeps_namespace_device_dtype"],
+        capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)),
+        timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "empty parameter set" not in out, out
+    assert "POLYCONV_TEST_BACKENDS='numpy' names no target" in out, out
+    assert "array_api-strict" in out and "tests-array_api" in out
