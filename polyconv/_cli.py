@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ._compare import (
+    BOUND,
     Comparison,
     _backend_names,
     _shape_str,
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     c = sub.add_parser(
-        "compare", help="check every backend against a float64 reference (SPEC §5 bound)",
+        "compare", help="check every backend against a float64 reference, within the "
+                        "error bound of the docs page 'The numerical contract'",
         description="Run ops on every available backend and check each output element against "
                     "a float64 reference within |y - y_exact| <= eps(out)*|y_exact| + "
                     "n*eps(acc)*sum|a*w|. With no shapes: the built-in suite of geometries. "
@@ -560,7 +562,7 @@ def _suite_report(comparisons: list[Comparison], backends: list[str],
     for (op, label), row in rows.items():
         cells = [_cell(row["results"][b]) if row["results"].get(b) else "-" for b in backends]
         table.append((display_name(op), label, _shape_str(row["shape"]), *cells))
-    lines = ["max err/bound over dtypes (<= 1 is within the SPEC §5 bound):"]
+    lines = [f"max err/bound over dtypes (<= 1 is within {BOUND}):"]
     lines += format_table(("op", "geometry", "output", *backends), table)
     per_dtype = []
     for dtype in dtypes:
@@ -589,7 +591,7 @@ def _summary(comparisons: list[Comparison], backends: list[str], dtypes: Sequenc
     where = f"{r.backend}, {' '.join(filter(None, (display_name(c.op), c.label)))}, {c.dtype}"
     worst = f"{r.max_ratio:.2g}" if r.max_ratio < float("inf") else "inf"
     if ok:
-        verdict = f"all {_plural(len(results), 'result')} within the SPEC §5 bound"
+        verdict = f"all {_plural(len(results), 'result')} within {BOUND}"
     else:
         verdict = f"{len(bad)} of {len(results)} results FAILED"
     return f"{head}{verdict} (worst err/bound {worst}: {where}) in {seconds:.1f} s", ok
@@ -597,6 +599,30 @@ def _summary(comparisons: list[Comparison], backends: list[str], dtypes: Sequenc
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _reason(name: str, exc: BaseException) -> str:
+    """Why op ``name`` was skipped, without saying its name twice: ``needs --weights`` for a
+    missing input, else the op's own message (which names its function)."""
+    text = str(exc)
+    prefix = f"{display_name(name)} "
+    return text.removeprefix(prefix) if isinstance(exc, UsageError) else text
+
+
+def _why_not(skipped: list[tuple[str, BaseException]]) -> str:
+    """The skipped ops grouped by reason: ``Convolution and ConvTranspose need --weights``."""
+    groups: dict[str, list[str]] = {}
+    for name, exc in skipped:
+        groups.setdefault(_reason(name, exc), []).append(display_name(name))
+    parts = []
+    for reason, names in groups.items():
+        if not reason.startswith("needs "):
+            parts.append(reason)
+            continue
+        who = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        verb = "needs" if len(names) == 1 else "need"
+        parts.append(f"{who} {verb} {reason.removeprefix('needs ')}")
+    return "; ".join(parts)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -614,11 +640,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if custom:
         jobs, skipped = _custom_jobs(args, ops)
         if not jobs:
-            name, exc = skipped[0]
-            msg = f"no op accepts these shapes and attributes; {display_name(name)}: {exc}"
+            msg = f"no op accepts these shapes and attributes: {_why_not(skipped)}"
             raise UsageError(msg)
         for name, exc in skipped:
-            print(f"polyconv compare: skipping {display_name(name)}: {exc}", file=sys.stderr)
+            print(f"polyconv compare: skipping {display_name(name)}: {_reason(name, exc)}",
+                  file=sys.stderr)
     else:
         jobs = _suite_jobs(ops, bias=not args.no_bias)
 
