@@ -950,6 +950,35 @@ def _bw_params():
     return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
 
 
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("nd", [2, 3])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dot_lowerings_low_precision_both_layouts(dtype, nd, fmt):
+    """The lowerings built on matrix products, in both layouts and 2-D/3-D: 16-bit operands
+    reach XLA CPU's dot in every form it supports, with float32 accumulation."""
+    from oracle import random_array
+
+    rng = np.random.default_rng(23)
+    attrs = {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1,
+             "data_format": fmt, "weights_format": "XOI"}
+    sp = (4,) * nd
+    x = random_array(rng, (2, *sp, 6) if fmt == "NXC" else (2, 6, *sp), dtype)
+    w = random_array(rng, (*(3,) * nd, 2, 6), dtype)              # XOI: OC 2, IC 6
+    y_shape = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs).shape
+    dy = random_array(rng, y_shape, dtype)
+    calls = [("backward_data", "matmul_overlap_add", "conv_transpose", (x, w), {}),
+             ("forward", "patches_matmul", "conv_transpose_backward_data", (dy, w), {}),
+             ("backward_weights", "patches_matmul", "conv_transpose_backward_weights",
+              (x, dy), {"weights_shape": w.shape})]
+    for primitive, lowering, op, args, extra in calls:
+        with polyconv_jax.force_lowering(**{primitive: lowering}):
+            y = getattr(polyconv, op)(*(jnp.asarray(a) for a in args), **extra, **attrs)
+        assert y.dtype == np.dtype(x.dtype)
+        ref = reference(op, *args, **extra, **attrs)
+        assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n,
+                            dtype)
+
+
 # --------------------------------------------------------------------------------------------
 # forward lowerings: the same grid, as the forward-direction op of those calls
 # --------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ primitive is traced, in this order:
 ``POLYCONV_JAX_AUTOTUNE=0`` (or :func:`autotune` ``(False)``) turns measuring off, for
 deterministic lowerings (the test suite does this). In a multi-process run
 (``jax.distributed``) nothing is measured, since every process must compile the same
-program: choices come from the cache file (measure once, share the file) or the policy. The choice is made for
-``jax.default_backend()``'s platform, where the measurement runs.
+program: choices come from the cache file (measure once, share the file) or the policy.
+The choice is made for ``jax.default_backend()``'s platform, where the measurement runs.
 """
 
 from __future__ import annotations
@@ -310,11 +310,16 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
             return pool.submit(measure, primitive, plan, precision, names, rounds,
                                timer).result()
     args = _inputs(primitive, plan)
-    fns = {name: jax.jit(partial(IMPLEMENTATIONS[primitive][name], plan, precision)
-                         ).lower(*args).compile() for name in names}
-    first = {name: timer(fn, args) for name, fn in fns.items()}
+    fns, first = {}, {}
+    for name in names:
+        try:
+            fns[name] = jax.jit(partial(IMPLEMENTATIONS[primitive][name], plan, precision)
+                                ).lower(*args).compile()
+            first[name] = timer(fns[name], args)
+        except Exception:  # a lowering XLA cannot compile or run here never wins
+            first[name] = math.inf
     best = min(first.values())
-    alive = [n for n in names if first[n] <= MEASURE_DROP_FACTOR * best]
+    alive = [n for n in names if first[n] <= MEASURE_DROP_FACTOR * best < math.inf]
     times: dict[str, list[float]] = {name: [] for name in alive}
     for r in range(rounds):
         for name in (alive if r % 2 else alive[::-1]):

@@ -110,7 +110,11 @@ def _forward_patches(plan: ConvPlan, precision, a, w):
         return lax.dot_general(p, wm, (((p.ndim - 1,), (0,)), ((), ())), precision=precision,
                                preferred_element_type=plan.acc_dtype)
     # [Cb, T*Ca] @ [N, T*Ca, B..] -> [Cb, N, B..]: the spatial axes stay minor, and moving
-    # the batch axis back in front is free for a batch of one
+    # the batch axis back in front is free for a batch of one. XLA CPU's dot of this form
+    # has no 16-bit operands with a float32 result (DotThunk): such operands are widened
+    # first, which changes nothing (their products are exact in float32).
+    if wm.dtype != plan.acc_dtype:
+        wm, p = wm.astype(plan.acc_dtype), p.astype(plan.acc_dtype)
     y = lax.dot_general(wm, p, (((0,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=plan.acc_dtype)
     return jnp.moveaxis(y, 0, 1)
