@@ -54,8 +54,9 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 @nox.session(name="tests-torch")
 def tests_torch(session: nox.Session) -> None:
     """The generic array-API backend on torch.Tensor inputs (CPU torch; skipped visibly when
-    torch cannot be installed here)."""
-    session.install(".[array-api]", *TEST_DEPS)
+    torch cannot be installed here). JAX is installed too, so that the PyTorch porting
+    example meets both libraries."""
+    session.install(".[jax,array-api]", *TEST_DEPS)
     import sys
 
     from nox.command import CommandFailed

@@ -114,6 +114,17 @@ def pytest_configure(config):
             raise pytest.UsageError(msg)
 
 
+def only_with_target(name: str) -> None:
+    """Skip the calling test module unless this run selects target ``name``: tests of one
+    backend's own features (jit, grad, sharding, its lowerings) run once, in that backend's
+    session, not again in every session that happens to have its library installed."""
+    requested = _requested()
+    if requested and name not in requested:
+        pytest.skip(f"tests of the {name} backend's own features run where "
+                    f"POLYCONV_TEST_BACKENDS names {name!r} (nox -s tests-{name})",
+                    allow_module_level=True)
+
+
 def _selected() -> list[Target]:
     requested = _requested()
     if not requested:

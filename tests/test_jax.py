@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import only_with_target
 
+only_with_target("jax")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 

@@ -6,7 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import only_with_target
 
+only_with_target("jax")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 

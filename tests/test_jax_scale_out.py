@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import only_with_target
 
+only_with_target("jax")
 pytest.importorskip("jax")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -561,6 +561,19 @@ def _matmul_overlap_add(plan: ConvPlan, precision, b, w):
 #: k3 s2: 13x faster than ``phases_matmul``, DCGAN 64->3 k4 s2: 2-5x)
 NARROW_COLUMNS = 64
 
+#: ... for plans of at least this many multiply-adds (smaller ones were not measured)
+NARROW_MIN_MACS = 10_000_000
+
+
+def narrow(plan: ConvPlan) -> bool:
+    """An ungrouped plan of some size whose large side has few columns per input row
+    (``Ca*prod(K) <= NARROW_COLUMNS``): the default policy multiplies first there."""
+    macs = (plan.batch * math.prod(plan.b_spatial) * plan.b_channels * plan.a_channels
+            * math.prod(plan.kernel))
+    return (plan.groups == 1 and plan.a_channels * math.prod(plan.kernel) <= NARROW_COLUMNS
+            and macs >= NARROW_MIN_MACS)
+
+
 #: the default policy takes ``elementwise`` up to this many input channels per group (it can
 #: compute up to ``ELEMENTWISE_MAX_CHANNELS``; between the two a matrix product was faster)
 ELEMENTWISE_POLICY_CHANNELS = 4
@@ -622,8 +635,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
     :func:`subpixel_is_exact`.
 
     1. No stride: ``direct`` (nothing to decompose; one stride-1 convolution).
-       Ungrouped with a narrow output side (``Ca*prod(K) <= NARROW_COLUMNS``):
-       ``matmul_overlap_add``.
+       Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
     2. Groups with at most 4 input channels each (depthwise: 1, any channel multiplier):
        ``elementwise``.
     3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
@@ -641,7 +653,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
     """
     if all(s == 1 for s in plan.strides):
         return "direct"
-    if plan.groups == 1 and plan.a_channels * math.prod(plan.kernel) <= NARROW_COLUMNS:
+    if narrow(plan):
         return "matmul_overlap_add"
     g = plan.groups
     if g > 1:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import jax.numpy as jnp
 from jax import lax
 
 from polyconv import ConvPlan
 
-from ._backward_data import NARROW_COLUMNS, _phases
+from ._backward_data import _phases, narrow
 from ._forward import pad_large, patches, patches_fit, tap_window
 from ._xla import _conv_general, _data_spec, _dnums
 
@@ -159,11 +158,11 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     grouped plans are split per group (``grouped``), depthwise ones go elementwise
     (``depthwise``); strided 3-D plans use ``phases`` (XLA's 3-D weight gradient with a
     dilated kernel is 3x slower); ungrouped plans with few input columns
-    (``Ca*prod(K) <= NARROW_COLUMNS``) gather patches and multiply once (``patches_matmul``:
-    2.5x faster for a 3-D 1->64 k3 s2 gradient); everything else stays ``direct``, which XLA
-    handles well in 1-D and 2-D.
+    (:func:`~polyconv_jax._backward_data.narrow`) gather patches and multiply once
+    (``patches_matmul``: 2.5x faster for a 3-D 1->64 k3 s2 gradient); everything else stays
+    ``direct``, which XLA handles well in 1-D and 2-D.
     """
-    if plan.groups == 1 and plan.a_channels * math.prod(plan.kernel) <= NARROW_COLUMNS:
+    if narrow(plan) and patches_fit(plan):
         return "patches_matmul"
     if plan.groups > 1:
         if plan.b_channels == plan.groups:

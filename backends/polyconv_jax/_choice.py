@@ -237,11 +237,18 @@ _measurements: dict[str, str] = {}
 _loaded_from: str | None = None
 
 
-def _key(primitive: str, plan: ConvPlan, precision) -> str:
+#: the plan fields a measurement depends on (not the op's name, bias or precision request)
+_GEOMETRY = ("batch", "a_channels", "b_channels", "groups", "a_spatial", "b_spatial", "kernel",
+             "strides", "dilations", "pads_begin", "pads_end", "output_padding",
+             "channels_last", "weights_perm", "dtype")
+
+
+def plan_key(primitive: str, plan: ConvPlan, precision) -> str:
+    """The measurement's key: device, JAX version, primitive, geometry, dtype, precision."""
     device = jax.devices()[0]
-    geometry = plan.with_(op=primitive, primitive=primitive, has_bias=False, precision=None)
+    geometry = ",".join(f"{f}={getattr(plan, f)}" for f in _GEOMETRY)
     return "|".join((device.platform, device.device_kind, jax.__version__, primitive,
-                     repr(geometry), repr(precision)))
+                     geometry, repr(precision)))
 
 
 def _cache_file() -> Path | None:
@@ -333,7 +340,7 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
 def _cached(primitive: str, plan: ConvPlan, precision, names) -> str | None:
     with _lock:
         _load(_cache_file())
-        known = _measurements.get(_key(primitive, plan, precision))
+        known = _measurements.get(plan_key(primitive, plan, precision))
     return known if known in names else None
 
 
@@ -341,7 +348,7 @@ def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
     known = _cached(primitive, plan, precision, names)
     if known is not None:
         return known
-    key, path = _key(primitive, plan, precision), _cache_file()
+    key, path = plan_key(primitive, plan, precision), _cache_file()
     times = measure(primitive, plan, precision, names)
     choice = min(names, key=lambda n: times[n])
     if times[names[0]] <= (1 + MEASURE_TIE) * times[choice]:

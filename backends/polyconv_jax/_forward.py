@@ -145,11 +145,13 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
 def choose_forward(plan: ConvPlan) -> str:
     """The default forward lowering on CPU: ``elementwise`` for depthwise convolutions with
     a stride (XLA CPU's strided depthwise convolution is a slow path: 6x), ``patches_matmul``
-    for ungrouped ones with few input columns (``Ca*prod(K) <= 64``: 3-D 1->64 k3 s2, 3x),
+    for ungrouped ones with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
+    more: 3-D 1->64 k3 s2, 3x),
     else ``direct``."""
     if plan.a_channels == plan.groups > 1 and any(s > 1 for s in plan.strides):
         return "elementwise"
-    if plan.groups == 1 and plan.a_channels * math.prod(plan.kernel) <= 64 and patches_fit(
-            plan):
+    from ._backward_data import narrow  # (that module imports this one)
+
+    if narrow(plan) and patches_fit(plan):
         return "patches_matmul"
     return "direct"

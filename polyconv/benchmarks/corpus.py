@@ -424,19 +424,16 @@ def format_markdown(results: dict[str, Any]) -> str:
 def _chosen(layer: Layer) -> str:
     """The lowerings the JAX backend measured for the layer's plan (F, D, W)."""
     try:
-        from polyconv_jax import measured_choices
+        from polyconv_jax import canonical_precision, measured_choices
+        from polyconv_jax._choice import plan_key
     except ImportError:
         return ""
-    geometry = repr(layer.plan.with_(dtype=layer.dtype, precision=None, has_bias=False))
-    found = {}
-    for key, name in measured_choices().items():
-        primitive = key.split("|")[3]
-        plan_text = key.split("|")[4]
-        # compare the geometry fields after the op/primitive ones
-        if plan_text.split("batch=", 1)[1] == geometry.split("batch=", 1)[1]:
-            found[primitive] = name
+    plan = layer.plan.with_(dtype=layer.dtype)
+    precision = canonical_precision(layer.op, None)
+    chosen = measured_choices()
     letters = {"forward": "F", "backward_data": "D", "backward_weights": "W"}
-    return " ".join(f"{letter}:{found[p]}" for p, letter in letters.items() if p in found)
+    return " ".join(f"{letter}:{chosen[plan_key(p, plan, precision)]}"
+                    for p, letter in letters.items() if plan_key(p, plan, precision) in chosen)
 
 
 def build_parser() -> argparse.ArgumentParser:
