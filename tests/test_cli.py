@@ -374,6 +374,32 @@ def test_bench_smoke(tmp_path, capsys):
     assert "depthwise" in suite.format_markdown(results)
 
 
+def test_bench_corpus_smoke(tmp_path, capsys):
+    # the real-model corpus runs end to end through `polyconv bench --corpus` (one layer, one
+    # round) and writes its JSON; only structure and the ratios' arithmetic are asserted
+    from polyconv.benchmarks import corpus, suite
+
+    out = tmp_path / "corpus.json"
+    assert suite.main(["--corpus", "--layers", "DCGAN G: ConvT 64->3", "--repeats", "1",
+                       "--warmup", "0", "--competitors", "polyconv-jax,lax,polyconv-numpy",
+                       "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    rows = results["layers"]
+    assert [r["mode"] for r in rows] == ["forward", "gradient"]
+    for row in rows:
+        assert row["layer"] == "DCGAN G: ConvT 64->3 k4 s2 32x32"
+        assert row["source"].startswith("pytorch/examples dcgan")
+        assert row["median_s"]["polyconv-numpy"] > 0
+        if "polyconv-jax" in row["median_s"]:
+            t = row["median_s"]
+            assert corpus.ratios(row)["jax/lax"] == pytest.approx(t["polyconv-jax"] / t["lax"])
+    assert "DCGAN G: ConvT 64->3" in capsys.readouterr().out
+    assert "| DCGAN G: ConvT 64->3 k4 s2 32x32 | gradient |" in corpus.format_markdown(results)
+    # every layer resolves (its shapes are a valid call) and names its public source
+    for layer in corpus.LAYERS:
+        assert layer.plan.shape and layer.source and layer.flops > 0
+
+
 def test_bench_cases_filter_matching_nothing_is_an_error(capsys):
     from polyconv.benchmarks import suite
 
