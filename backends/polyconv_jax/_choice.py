@@ -81,6 +81,8 @@ _FORCED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "polyconv_jax_forced_lowering", default=None)
 _AUTOTUNE: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "polyconv_jax_autotune", default=None)
+_ADJOINT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "polyconv_jax_adjoint_slot", default=None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,6 +153,20 @@ def autotune_enabled() -> bool:
         return value
     text = os.environ.get(AUTOTUNE_ENV, "1").strip().lower()
     return text not in ("0", "off", "false", "no", "")
+
+
+@contextlib.contextmanager
+def as_adjoint(slot: int):
+    """Choices made in the block are for a primitive that reverse mode will run as the
+    transpose of its transpose in input ``slot`` (a cotangent, see
+    :func:`polyconv_jax._primitives._tangent`). JAX's transpose of a transpose is the same
+    arithmetic but not always the same program (a stack of windows comes back as a sum of
+    padded copies), so such choices are measured in that form, and kept apart."""
+    token = _ADJOINT.set(slot)
+    try:
+        yield
+    finally:
+        _ADJOINT.reset(token)
 
 
 def settings() -> tuple:
@@ -243,12 +259,14 @@ _GEOMETRY = ("batch", "a_channels", "b_channels", "groups", "a_spatial", "b_spat
              "channels_last", "weights_perm", "dtype")
 
 
-def plan_key(primitive: str, plan: ConvPlan, precision) -> str:
-    """The measurement's key: device, JAX version, primitive, geometry, dtype, precision."""
+def plan_key(primitive: str, plan: ConvPlan, precision, adjoint: int | None = None) -> str:
+    """The measurement's key: device, JAX version, primitive, geometry, dtype, precision (and
+    the input slot when the primitive runs as a cotangent, see :func:`as_adjoint`)."""
     device = jax.devices()[0]
     geometry = ",".join(f"{f}={getattr(plan, f)}" for f in _GEOMETRY)
-    return "|".join((device.platform, device.device_kind, jax.__version__, primitive,
-                     geometry, repr(precision)))
+    key = "|".join((device.platform, device.device_kind, jax.__version__, primitive, geometry,
+                    repr(precision)))
+    return key if adjoint is None else f"{key}|adjoint{adjoint}"
 
 
 def _cache_file() -> Path | None:
@@ -303,8 +321,27 @@ def _time(fn, args) -> float:
     return time.perf_counter() - t0
 
 
+def _runnable(primitive: str, plan: ConvPlan, precision, name: str, adjoint: int | None):
+    """The lowering as a jitted function of the primitive's two operands; with ``adjoint``,
+    as reverse mode runs it for a cotangent: the transpose of its transpose in that input."""
+    impl = partial(IMPLEMENTATIONS[primitive][name], plan, precision)
+    if adjoint is None:
+        return jax.jit(impl)
+
+    def twice(*args):
+        def linear(v):
+            return impl(*(v if i == adjoint else a for i, a in enumerate(args)))
+
+        once = jax.linear_transpose(linear, args[adjoint])
+        out = jax.eval_shape(linear, args[adjoint])
+        (y,) = jax.linear_transpose(lambda c: once(c)[0], out)(args[adjoint])
+        return y
+
+    return jax.jit(twice)
+
+
 def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEASURE_ROUNDS,
-            timer=_time) -> dict[str, float]:
+            timer=_time, adjoint: int | None = None) -> dict[str, float]:
     """Seconds per call of each lowering in ``names``: the fastest of its timed calls.
 
     Every candidate is compiled and called once, timed; a candidate whose first call takes
@@ -318,13 +355,13 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
         # even while the caller is being traced (jit, grad, vmap)
         with concurrent.futures.ThreadPoolExecutor(1, _WORKER) as pool:
             return pool.submit(measure, primitive, plan, precision, names, rounds,
-                               timer).result()
+                               timer, adjoint).result()
     args = _inputs(primitive, plan)
     fns, first = {}, {}
     for name in names:
         try:
-            fns[name] = jax.jit(partial(IMPLEMENTATIONS[primitive][name], plan, precision)
-                                ).lower(*args).compile()
+            fns[name] = _runnable(primitive, plan, precision, name, adjoint
+                                  ).lower(*args).compile()
             first[name] = timer(fns[name], args)
         except Exception:  # a lowering XLA cannot compile or run here never wins
             first[name] = math.inf
@@ -340,7 +377,7 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
 def _cached(primitive: str, plan: ConvPlan, precision, names) -> str | None:
     with _lock:
         _load(_cache_file())
-        known = _measurements.get(plan_key(primitive, plan, precision))
+        known = _measurements.get(plan_key(primitive, plan, precision, _ADJOINT.get()))
     return known if known in names else None
 
 
@@ -348,8 +385,9 @@ def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
     known = _cached(primitive, plan, precision, names)
     if known is not None:
         return known
-    key, path = plan_key(primitive, plan, precision), _cache_file()
-    times = measure(primitive, plan, precision, names)
+    slot = _ADJOINT.get()
+    key, path = plan_key(primitive, plan, precision, slot), _cache_file()
+    times = measure(primitive, plan, precision, names, adjoint=slot)
     choice = min(names, key=lambda n: times[n])
     if times[names[0]] <= (1 + MEASURE_TIE) * times[choice]:
         choice = names[0]       # the policy's lowering, unless measurably slower

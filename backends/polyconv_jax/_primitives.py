@@ -68,15 +68,19 @@ def _tangent(out, terms):
     (operands of the plan's dtype) to the accumulation dtype, so its transpose takes the
     tangent in the accumulation dtype and returns the plan's dtype. Forward mode rounds a
     16-bit tangent once more; reverse mode, whose cotangents come in the plan's dtype, loses
-    nothing. A term whose ``struct`` is ``None`` is applied as it is (``L_i(t_i)``)."""
+    nothing. A term whose ``struct`` is ``None`` is applied as it is (``L_i(t_i)``). ``slot``:
+    the input of ``L_i``'s primitive that varies; its lowering is chosen for the form reverse
+    mode runs (:func:`polyconv_jax._choice.as_adjoint`)."""
     t = jnp.zeros_like(out)
-    for linear, struct, tangent in terms:
+    for linear, struct, tangent, slot in terms:
         if isinstance(tangent, SymbolicZero):
             continue
         if struct is None:
             term = linear(tangent)
         else:
-            (term,) = jax.linear_transpose(linear, struct)(tangent.astype(out.dtype))
+            with _choice.as_adjoint(slot):
+                transposed = jax.linear_transpose(linear, struct)
+            (term,) = transposed(tangent.astype(out.dtype))
         t = t + term.astype(out.dtype)
     return t
 
@@ -87,8 +91,8 @@ def _forward_jvp(plan, precision, primals, tangents):
     out = forward_ad(plan, precision, a, w)
     b = _shape_of(plan, "b", a.dtype)
     return out, _tangent(out, [
-        (lambda g: backward_data_ad(plan, precision, g, w), b, da),
-        (lambda g: backward_weights_ad(plan, precision, a, g), b, dw)])
+        (lambda g: backward_data_ad(plan, precision, g, w), b, da, 0),
+        (lambda g: backward_weights_ad(plan, precision, a, g), b, dw, 1)])
 
 
 def _backward_data_jvp(plan, precision, primals, tangents):
@@ -99,12 +103,12 @@ def _backward_data_jvp(plan, precision, primals, tangents):
     if _choice.forward_transpose_aborts(plan, precision):
         # the transpose of the forward convolution would be an lhs-dilated convolution that
         # XLA CPU aborts on: this term is backward_data itself (reverse mode transposes it)
-        data_term = (lambda t: backward_data_ad(plan, precision, t, w), None, db)
+        data_term = (lambda t: backward_data_ad(plan, precision, t, w), None, db, 0)
     else:
-        data_term = (lambda g: forward_ad(plan, precision, g, w), a, db)
+        data_term = (lambda g: forward_ad(plan, precision, g, w), a, db, 0)
     return out, _tangent(out, [
         data_term,
-        (lambda g: backward_weights_ad(plan, precision, g, b), a, dw)])
+        (lambda g: backward_weights_ad(plan, precision, g, b), a, dw, 0)])
 
 
 def _backward_weights_jvp(plan, precision, primals, tangents):
@@ -113,8 +117,8 @@ def _backward_weights_jvp(plan, precision, primals, tangents):
     out = backward_weights_ad(plan, precision, a, b)
     w = _shape_of(plan, "w", a.dtype)
     return out, _tangent(out, [
-        (lambda g: backward_data_ad(plan, precision, b, g), w, da),
-        (lambda g: forward_ad(plan, precision, a, g), w, db)])
+        (lambda g: backward_data_ad(plan, precision, b, g), w, da, 1),
+        (lambda g: forward_ad(plan, precision, a, g), w, db, 1)])
 
 
 forward_ad.defjvp(_forward_jvp, symbolic_zeros=True)
