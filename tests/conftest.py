@@ -114,6 +114,17 @@ def pytest_configure(config):
             raise pytest.UsageError(msg)
 
 
+@pytest.fixture
+def jax_x64():
+    """JAX in 64-bit mode for the test (for float64 comparisons), restored afterwards."""
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
 def only_with_target(name: str) -> None:
     """Skip the calling test module unless this run selects target ``name``: tests of one
     backend's own features (jit, grad, sharding, its lowerings) run once, in that backend's

@@ -31,15 +31,7 @@ from polyconv_jax import _backward_data, _choice, _forward, _primitives, _xla  #
 import polyconv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    """The comparisons here are in float64."""
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+pytestmark = pytest.mark.usefixtures("jax_x64")   # the comparisons here are in float64
 
 
 def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:

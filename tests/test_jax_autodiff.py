@@ -27,14 +27,7 @@ import polyconv  # noqa: E402
 ATTRS = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2), "dilations": (1, 2),
          "groups": 2}
 T_ATTRS = {**ATTRS, "output_padding": (1, 2)}
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+pytestmark = pytest.mark.usefixtures("jax_x64")   # finite differences in float64
 
 
 def _ops(rng, fmt):

@@ -58,72 +58,57 @@ def backward_weights_ad(plan: ConvPlan, precision, a, b):
     return _core("backward_weights", plan, precision, a, b)
 
 
-def _shape_of(plan: ConvPlan, role: str, dtype):
+#: per primitive: its output's role, and for the cotangent of each input the primitive that
+#: computes it and that primitive's input slot the cotangent goes in (the table above); its
+#: other input is the primitive's other operand
+_ADJOINTS = {
+    "forward": ("b", (("backward_data", 0), ("backward_weights", 1))),
+    "backward_data": ("a", (("forward", 0), ("backward_weights", 0))),
+    "backward_weights": ("w", (("backward_data", 1), ("forward", 1))),
+}
+_AD = {"forward": forward_ad, "backward_data": backward_data_ad,
+       "backward_weights": backward_weights_ad}
+
+
+def _jvp(primitive: str, plan: ConvPlan, precision, primals, tangents):
+    """``P(x, y)``'s tangent ``sum_i L_i^T(t_i)``, ``L_i`` the adjoint primitive of input ``i``
+    as a function of the cotangent: reverse mode transposes it back and runs ``L_i``.
+
+    ``L_i`` maps operands of the plan's dtype to the accumulation dtype, so its transpose
+    takes the tangent in the accumulation dtype and returns the plan's dtype: forward mode
+    rounds a 16-bit tangent once more; reverse mode, whose cotangents come in the plan's
+    dtype, loses nothing. ``L_i``'s lowering is chosen for the form reverse mode runs
+    (:func:`polyconv_jax._choice.as_adjoint`).
+    """
+    out = _AD[primitive](plan, precision, *primals)
+    role, adjoints = _ADJOINTS[primitive]
     shape = {"a": plan.a_shape, "b": plan.b_shape, "w": plan.weights_shape}[role]
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def _tangent(out, terms):
-    """``sum_i L_i^T(t_i)`` for the nonzero tangents ``t_i``: ``L_i`` maps its ``struct``
-    (operands of the plan's dtype) to the accumulation dtype, so its transpose takes the
-    tangent in the accumulation dtype and returns the plan's dtype. Forward mode rounds a
-    16-bit tangent once more; reverse mode, whose cotangents come in the plan's dtype, loses
-    nothing. A term whose ``struct`` is ``None`` is applied as it is (``L_i(t_i)``). ``slot``:
-    the input of ``L_i``'s primitive that varies; its lowering is chosen for the form reverse
-    mode runs (:func:`polyconv_jax._choice.as_adjoint`)."""
+    struct = jax.ShapeDtypeStruct(shape, primals[0].dtype)
     t = jnp.zeros_like(out)
-    for linear, struct, tangent, slot in terms:
+    for i, (tangent, (adjoint, slot)) in enumerate(zip(tangents, adjoints)):
         if isinstance(tangent, SymbolicZero):
             continue
-        if struct is None:
-            term = linear(tangent)
-        else:
-            with _choice.as_adjoint(slot):
-                transposed = jax.linear_transpose(linear, struct)
-            (term,) = transposed(tangent.astype(out.dtype))
+        other = primals[1 - i]
+        if (primitive, i) == ("backward_data", 0) and _choice.forward_transpose_aborts(
+                plan, precision):
+            # the transpose of the forward convolution would be an lhs-dilated convolution
+            # that XLA CPU aborts on: this term is backward_data itself (reverse mode
+            # transposes it)
+            t = t + backward_data_ad(plan, precision, tangent, other).astype(out.dtype)
+            continue
+
+        def linear(g, adjoint=adjoint, slot=slot, other=other):
+            return _AD[adjoint](plan, precision, *((g, other) if slot == 0 else (other, g)))
+
+        with _choice.as_adjoint(slot):
+            transposed = jax.linear_transpose(linear, struct)
+        (term,) = transposed(tangent.astype(out.dtype))
         t = t + term.astype(out.dtype)
-    return t
+    return out, t
 
 
-def _forward_jvp(plan, precision, primals, tangents):
-    a, w = primals
-    da, dw = tangents
-    out = forward_ad(plan, precision, a, w)
-    b = _shape_of(plan, "b", a.dtype)
-    return out, _tangent(out, [
-        (lambda g: backward_data_ad(plan, precision, g, w), b, da, 0),
-        (lambda g: backward_weights_ad(plan, precision, a, g), b, dw, 1)])
-
-
-def _backward_data_jvp(plan, precision, primals, tangents):
-    b, w = primals
-    db, dw = tangents
-    out = backward_data_ad(plan, precision, b, w)
-    a = _shape_of(plan, "a", b.dtype)
-    if _choice.forward_transpose_aborts(plan, precision):
-        # the transpose of the forward convolution would be an lhs-dilated convolution that
-        # XLA CPU aborts on: this term is backward_data itself (reverse mode transposes it)
-        data_term = (lambda t: backward_data_ad(plan, precision, t, w), None, db, 0)
-    else:
-        data_term = (lambda g: forward_ad(plan, precision, g, w), a, db, 0)
-    return out, _tangent(out, [
-        data_term,
-        (lambda g: backward_weights_ad(plan, precision, g, b), a, dw, 0)])
-
-
-def _backward_weights_jvp(plan, precision, primals, tangents):
-    a, b = primals
-    da, db = tangents
-    out = backward_weights_ad(plan, precision, a, b)
-    w = _shape_of(plan, "w", a.dtype)
-    return out, _tangent(out, [
-        (lambda g: backward_data_ad(plan, precision, b, g), w, da, 1),
-        (lambda g: forward_ad(plan, precision, a, g), w, db, 1)])
-
-
-forward_ad.defjvp(_forward_jvp, symbolic_zeros=True)
-backward_data_ad.defjvp(_backward_data_jvp, symbolic_zeros=True)
-backward_weights_ad.defjvp(_backward_weights_jvp, symbolic_zeros=True)
+for _name, _fn in _AD.items():
+    _fn.defjvp(functools.partial(_jvp, _name), symbolic_zeros=True)
 
 
 # --------------------------------------------------------------------------------------------
