@@ -99,6 +99,12 @@ class ConvPlan:
         return "float64" if self.dtype == "float64" else "float32"
 
     @property
+    def macs(self) -> int:
+        """Multiply-adds of the canonical convolution (padding included)."""
+        return (self.batch * math.prod(self.b_spatial) * self.b_channels
+                * (self.a_channels // self.groups) * math.prod(self.kernel))
+
+    @property
     def effective_kernel(self) -> tuple[int, ...]:
         """``(k-1)*d + 1`` per axis."""
         return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))

@@ -929,6 +929,24 @@ def test_default_lowering_choice():
 # --------------------------------------------------------------------------------------------
 
 BACKWARD_WEIGHTS_LOWERINGS = _choice.LOWERINGS["backward_weights"]
+
+
+def _same_geometry_attrs(op, plan, attrs):
+    """A grid call's attributes for another op of its family over the same geometry: no
+    dst_shape; output_padding as dst_shape implied it (ConvTranspose family), or none (the
+    Convolution family's src shape implies it)."""
+    attrs = {k: v for k, v in attrs.items() if k != "dst_shape"}
+    if op.startswith("convolution"):
+        attrs.pop("output_padding", None)
+    else:
+        attrs["output_padding"] = plan.output_padding
+    return attrs
+
+
+def _assert_same_geometry(plan, other, primitive):
+    assert other.primitive == primitive
+    assert (other.a_spatial, other.b_spatial, other.pads_begin) == (
+        plan.a_spatial, plan.b_spatial, plan.pads_begin)
 _WEIGHTS_OP = {"conv_transpose": "conv_transpose_backward_weights",
                "convolution_backward_data": "convolution_backward_weights"}
 
@@ -997,16 +1015,10 @@ def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fm
                                              lowering):
     plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
     large = np.random.default_rng(19).uniform(-1, 1, plan.a_shape)
-    attrs = {k: v for k, v in attrs.items() if k != "dst_shape"}
+    attrs = _same_geometry_attrs(op, plan, attrs)
     forward_op = _FORWARD_OP[op]
-    if forward_op == "convolution":
-        attrs.pop("output_padding", None)
-    else:
-        attrs["output_padding"] = plan.output_padding   # as dst_shape implied it
     fplan = polyconv.infer_shape(forward_op, large.shape, arrays[1].shape, **attrs)
-    assert fplan.primitive == "forward"
-    assert (fplan.a_spatial, fplan.b_spatial, fplan.pads_begin) == (
-        plan.a_spatial, plan.b_spatial, plan.pads_begin)
+    _assert_same_geometry(plan, fplan, "forward")
     assert _forward.forward_applicable(fplan, lowering)
     with polyconv_jax.force_lowering(forward=lowering):
         y = getattr(polyconv, forward_op)(jnp.asarray(large), jnp.asarray(arrays[1]), **attrs)
@@ -1023,18 +1035,12 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     small = arrays[0]
     w_shape = arrays[1].shape
     large = np.random.default_rng(16).uniform(-1, 1, plan.a_shape)
-    attrs = {k: v for k, v in attrs.items() if k != "dst_shape"}
+    attrs = _same_geometry_attrs(op, plan, attrs)
     weights_op = _WEIGHTS_OP[op]
-    if weights_op == "convolution_backward_weights":
-        attrs.pop("output_padding", None)     # implied by the src shape
-        inputs = (large, small)               # src, diff_dst
-    else:
-        attrs["output_padding"] = plan.output_padding   # as dst_shape implied it
-        inputs = (small, large)               # src, diff_dst
+    # src, diff_dst
+    inputs = (large, small) if weights_op == "convolution_backward_weights" else (small, large)
     wplan = polyconv.infer_shape(weights_op, *(x.shape for x in inputs), w_shape, **attrs)
-    assert wplan.primitive == "backward_weights"
-    assert (wplan.a_spatial, wplan.b_spatial, wplan.pads_begin) == (
-        plan.a_spatial, plan.b_spatial, plan.pads_begin)
+    _assert_same_geometry(plan, wplan, "backward_weights")
     with polyconv_jax.force_lowering(backward_weights=lowering):
         y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape, **attrs)
     ref = reference(weights_op, *inputs, weights_shape=w_shape, **attrs)

@@ -568,10 +568,8 @@ NARROW_MIN_MACS = 10_000_000
 def narrow(plan: ConvPlan) -> bool:
     """An ungrouped plan of some size whose large side has few columns per input row
     (``Ca*prod(K) <= NARROW_COLUMNS``): the default policy multiplies first there."""
-    macs = (plan.batch * math.prod(plan.b_spatial) * plan.b_channels * plan.a_channels
-            * math.prod(plan.kernel))
     return (plan.groups == 1 and plan.a_channels * math.prod(plan.kernel) <= NARROW_COLUMNS
-            and macs >= NARROW_MIN_MACS)
+            and plan.macs >= NARROW_MIN_MACS)
 
 
 #: the default policy takes ``elementwise`` up to this many input channels per group (it can

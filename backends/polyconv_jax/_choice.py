@@ -10,10 +10,9 @@ primitive is traced, in this order:
    timed on random inputs of the plan's shapes on the default device, interleaved, and the
    fastest (by its fastest call; the policy's when within 3%) is kept for the process (and
    in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON file, when set), per (platform, device kind,
-   primitive, geometry, dtype, precision). The
-   plain lowering is always a candidate, so the choice cannot lose to it by more than the
-   noise of the measurement. Plans under :data:`MEASURE_MIN_MACS` multiply-adds are not
-   measured: there is too little to win;
+   primitive, geometry, dtype, precision). The plain lowering is always a candidate, so the
+   choice cannot lose to it by more than the noise of the measurement. Plans under
+   :data:`MEASURE_MIN_MACS` multiply-adds are not measured: there is too little to win;
 3. otherwise the platform's default policy: on CPU the rules of each family's ``choose_*``
    (set from measurements on a 2-core x86 CPU); elsewhere the plain lowering, which is what
    XLA's own convolution autotuning sees.
@@ -159,7 +158,7 @@ def autotune_enabled() -> bool:
 def as_adjoint(slot: int):
     """Choices made in the block are for a primitive that reverse mode will run as the
     transpose of its transpose in input ``slot`` (a cotangent, see
-    :func:`polyconv_jax._primitives._tangent`). JAX's transpose of a transpose is the same
+    :func:`polyconv_jax._primitives._jvp`). JAX's transpose of a transpose is the same
     arithmetic but not always the same program (a stack of windows comes back as a sum of
     padded copies), so such choices are measured in that form, and kept apart."""
     token = _ADJOINT.set(slot)
@@ -219,12 +218,6 @@ def forward_transpose_aborts(plan: ConvPlan, precision) -> bool:
             and direct_aborts_xla_cpu(plan) and choose("forward", plan, precision) == "direct")
 
 
-def macs(plan: ConvPlan) -> int:
-    """Multiply-adds of the canonical convolution."""
-    return (plan.batch * math.prod(plan.b_spatial) * plan.b_channels
-            * (plan.a_channels // plan.groups) * math.prod(plan.kernel))
-
-
 def choose(primitive: str, plan: ConvPlan, precision) -> str:
     """The lowering that computes ``primitive`` for ``plan`` (see the module docstring)."""
     forced = requested(primitive)
@@ -233,7 +226,7 @@ def choose(primitive: str, plan: ConvPlan, precision) -> str:
     names = candidates(primitive, plan)
     if len(names) == 1:
         return names[0]
-    if (not autotune_enabled() or macs(plan) < MEASURE_MIN_MACS or plan.batch == 0
+    if (not autotune_enabled() or plan.macs < MEASURE_MIN_MACS or plan.batch == 0
             or plan.dtype == "float64"):   # float64 is for checking, not speed
         return policy(primitive, plan)
     if jax.process_count() > 1:

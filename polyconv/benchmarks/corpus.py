@@ -67,9 +67,7 @@ class Layer:
     @property
     def flops(self) -> float:
         """2 x multiply-adds of the canonical convolution."""
-        p = self.plan
-        return 2.0 * p.batch * math.prod(p.b_spatial) * p.b_channels * (
-            p.a_channels // p.groups) * math.prod(p.kernel)
+        return 2.0 * self.plan.macs
 
 
 def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", source=""):

@@ -51,9 +51,7 @@ class Case:
     @property
     def flops(self) -> float:
         """2 x multiply-adds of the canonical convolution (padding included)."""
-        p = self.plan
-        return 2.0 * p.batch * math.prod(p.b_spatial) * p.b_channels * (
-            p.a_channels // p.groups) * math.prod(p.kernel)
+        return 2.0 * self.plan.macs
 
 
 def _ct(name, n, spatial, ic, oc, k, s, p, op, groups=1, dtype="float32"):
