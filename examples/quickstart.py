@@ -74,7 +74,7 @@ else:
     np.testing.assert_allclose(np.asarray(gw), dwt, rtol=1e-4, atol=1e-4)
     print("jax.grad(conv_transpose) == conv_transpose_backward_data / _weights")
 
-# --- every available backend against a float64 reference (SPEC §5) ---------------------------
+# --- every available backend against a float64 reference (docs/numerics.md#error-bound) ---------
 report = polyconv.compare("ConvTranspose", x, wt, **tconv)
 print(report)
 assert report.ok

@@ -1,6 +1,7 @@
 """Backend registry and dispatch.
 
-A backend is one object with a ``name`` and the three primitives of SPEC §3 (see
+A backend is one object with a ``name`` and the three primitives of the canonical
+convolution (docs/semantics.md#canonical-convolution; see
 :class:`Backend`). The registry is a static table of the built-in backends plus the entry-point
 group ``polyconv.backends``; a backend module is imported only when a call needs it, so
 ``import polyconv`` stays light and never imports jax.
@@ -178,7 +179,8 @@ def dtype_name(x: Any) -> str:
 
 
 def check_arrays(op: str, arrays: dict[str, Any]) -> str:
-    """Every input is an array of one shared floating dtype (SPEC §5); return its name."""
+    """Every input is an array of one shared floating dtype; return its name
+    (docs/semantics.md#data-types)."""
     for name, x in arrays.items():
         if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
             msg = (f"{op}: {name} must be an array (numpy, JAX or array-API); got "

@@ -2,7 +2,8 @@
 
 ``polyconv compare`` with no arguments is the main job: every op of the family, over a suite of
 representative geometries, on every available backend and dtype, checked against a float64
-reference within the SPEC §5 bound (see :func:`polyconv.compare`). It exits with status 1 if any
+reference within the error bound of the numerical contract (:ref:`error-bound`; see
+:func:`polyconv.compare`). It exits with status 1 if any
 backend breaks the bound, 0 otherwise. Bad arguments give one ``polyconv: error: ...`` line on
 stderr and exit status 2.
 """

@@ -1,4 +1,6 @@
-"""Cross-backend comparison: one op, every backend, one float64 reference, the SPEC §5 bound.
+"""Cross-backend comparison: one op, every backend, one float64 reference, one error bound.
+
+The bound is the numerical contract's (docs/numerics.md#error-bound).
 
 :func:`compare` runs one op on several backends with the same (numpy) inputs and checks every
 output element against a float64 evaluation of the same op on the same input values::
@@ -59,7 +61,8 @@ class BackendResult:
     max_abs_error : float
         ``max |y - y_exact|`` over the output (``nan`` if it raised).
     max_ratio : float
-        ``max |y - y_exact| / bound`` over the output: at most 1 means within SPEC §5.
+        ``max |y - y_exact| / bound`` over the output: at most 1 means within the
+        error bound (:ref:`error-bound`).
         ``inf`` where an element differs but its bound is 0, or where NaN/Inf disagree.
     ok : bool
         Right shape, right dtype and ``max_ratio <= 1``.
@@ -253,7 +256,8 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
     Returns
     -------
     Comparison
-        Prints as a table; ``.ok`` is ``True`` when every backend met the SPEC §5 bound;
+        Prints as a table; ``.ok`` is ``True`` when every backend met the error bound
+        (:ref:`error-bound`);
         ``.to_dict()`` for JSON.
 
     Raises

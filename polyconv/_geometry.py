@@ -1,7 +1,8 @@
 """The one place where attributes and shapes become numbers.
 
 Every public op is resolved here, from shapes alone, into a :class:`ConvPlan`: the canonical
-convolution of SPEC §3 with every pad, size and layout already fixed. Backends see only plans;
+convolution (docs/semantics.md#canonical-convolution) with every pad, size and layout already
+fixed. Backends see only plans;
 they never see ``"same_upper"``, a weight format string or a shape they must check.
 
 Nothing in this module touches an array: it is pure Python on tuples of ints, so
@@ -28,7 +29,8 @@ WEIGHTS_FORMATS = ("XIO", "OIX", "IOX", "XOI")
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """A fully resolved call: the canonical convolution of SPEC §3 plus the user's layouts.
+    """A fully resolved call: the canonical convolution plus the user's layouts
+    (docs/semantics.md#canonical-convolution).
 
     The canonical convolution maps a *large* tensor ``a`` ``[N, Ca, A..]`` to a *small* tensor
     ``b`` ``[N, Cb, B..]`` with weights ``W`` ``[Cb, Ca/G, K..]``::
@@ -62,7 +64,7 @@ class ConvPlan:
     has_bias : bool
     precision : object
         Backend precision request, as the caller passed it (JAX normalises it);
-        ``None`` means the SPEC §5 default: full precision.
+        ``None`` means the contract's default: full precision (:ref:`accumulation`).
     """
 
     op: str
@@ -95,7 +97,7 @@ class ConvPlan:
 
     @property
     def acc_dtype(self) -> str:
-        """Accumulation dtype name per SPEC §5."""
+        """Accumulation dtype name (docs/numerics.md#accumulation)."""
         return "float64" if self.dtype == "float64" else "float32"
 
     @property
@@ -280,7 +282,8 @@ PRECISION_NAMES = {
 
 def check_precision(op: str, precision) -> None:
     """``precision`` is None, a name of :data:`PRECISION_NAMES`, a ``jax.lax.Precision``, or a
-    pair of these for (input, weights). Checked for every backend (SPEC §6), though only
+    pair of these for (input, weights). Checked for every backend
+    (docs/semantics.md#validation), though only
     backends with precision modes (JAX) use it: the others always compute at full precision.
     """
     def one(value) -> bool:
@@ -454,7 +457,7 @@ def _layout_hint(family: Family, primitive: str, data: dict[str, tuple[int, ...]
 
 
 # --------------------------------------------------------------------------------------------
-# geometry formulas (SPEC §4)
+# geometry formulas (docs/semantics.md#geometry)
 # --------------------------------------------------------------------------------------------
 
 

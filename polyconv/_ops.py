@@ -189,7 +189,8 @@ _COMMON_DOC = """
     groups : int, default 1
     data_format : {{"NXC", "NCX"}}, default "NXC"
     weights_format : {{"XIO", "OIX", "IOX", "XOI"}}, default "{wfmt}"
-        Axis order of the weights; see SPEC §2 for what O and I mean in this family.
+        Axis order of the weights; see :ref:`layouts` for what O and I mean in this
+        family.
         ``filter_format`` is an alias.
     backend : str, optional
         ``"numpy"``, ``"jax"``, ``"array_api"``...; inferred from the inputs by default.

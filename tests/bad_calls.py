@@ -1,4 +1,5 @@
-"""A catalogue of calls that SPEC §6 refuses, with the exception type and what the message
+"""A catalogue of calls that the contract refuses (docs/semantics.md#validation), with the
+exception type and what the message
 must say (the op, the argument, the offending values).
 
 Every entry starts from one valid 2-D call of its op (NXC, default weights format, stride 1,

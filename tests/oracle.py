@@ -1,8 +1,11 @@
-"""An independent reference for the six ops, written from SPEC §2-§5 only.
+"""An independent reference for the six ops, written from the contract only
+(docs/semantics.md, docs/numerics.md).
 
 Nothing here imports polyconv: the geometry (sizes, auto_pad rules F and T, ``dst_shape`` and
-``weights_shape`` handling, weight layouts per family) is re-derived from the SPEC formulas, and
-the values come from the definition of the canonical convolution (SPEC §3)::
+``weights_shape`` handling, weight layouts per family) is re-derived from the contract's
+formulas, and
+the values come from the definition of the canonical convolution
+(docs/semantics.md#canonical-convolution)::
 
     b[n, o, y] = sum_{i < Ca/G} sum_k  a[n, g*Ca/G + i, y*s + k*d - pb] * W[o, i, k]
 
@@ -14,7 +17,8 @@ adjoint: every product ``b*W`` is scattered to the ``a`` position it was read fr
 ``a`` simply have no selection entry, which is the zero padding.
 
 Values are accumulated in ``np.longdouble`` (extended precision where the platform has it), so
-that in float64 the reference's own rounding stays well below the SPEC §5 bound. Next to the
+that in float64 the reference's own rounding stays well below the error bound
+(docs/numerics.md#error-bound). Next to the
 value of every output element the reference returns the terms of that bound: ``abs_sum``
 (``sum |a*w|`` over the element's products, plus ``|bias|``) and ``n`` (the number of terms).
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # --------------------------------------------------------------------------------------------
-# op names (SPEC §1)
+# op names (docs/semantics.md#six-ops)
 # --------------------------------------------------------------------------------------------
 
 #: canonical op kind -> (family, primitive, large tensor name, small tensor name)
@@ -52,15 +56,17 @@ FUNCTIONS = {
     # older-spec aliases
     "convolution_backprop_data": ("convolution_backward_data", "XIO"),
     "convolution_backprop_filters": ("convolution_backward_weights", "XIO"),
-    # the older spec's default filter_format, with ConvTranspose-family meaning (SPEC §2)
+    # the older spec's default filter_format, with ConvTranspose-family meaning
+    # (docs/semantics.md#layouts)
     "conv_transpose_backprop_filters": ("conv_transpose_backward_weights", "XIO"),
 }
 
-#: the six functions of SPEC §1, and the older-spec aliases
+#: the six functions of docs/semantics.md#six-ops, and the older-spec aliases
 MAIN_OPS = tuple(KINDS)
 ALIAS_OPS = tuple(fn for fn in FUNCTIONS if fn not in KINDS)
 
-#: every name of SPEC §1 (oneDNN Graph names, older-spec names with and without ``-1``)
+#: every op name (docs/semantics.md#six-ops): oneDNN Graph names, older-spec names with and
+#: without ``-1``
 OP_NAMES = {
     "Convolution": "convolution",
     "ConvolutionBackwardData": "convolution_backward_data",
@@ -98,7 +104,7 @@ def kind_of(op: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# per-axis formulas (SPEC §4)
+# per-axis formulas (docs/semantics.md#geometry)
 # --------------------------------------------------------------------------------------------
 
 
@@ -170,7 +176,7 @@ def per_axis(value, ndim: int) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------------------------------
-# layouts (SPEC §2)
+# layouts (docs/semantics.md#layouts)
 # --------------------------------------------------------------------------------------------
 
 
@@ -308,7 +314,7 @@ def geometry(op: str, *shapes, dst_shape=None, weights_shape=None, strides=1, pa
              filter_format=None) -> Geometry:
     """Resolve a *valid* call from its input shapes (positional, in signature order).
 
-    Raises :class:`InvalidGeometry` for calls the SPEC refuses on sizes (empty outputs,
+    Raises :class:`InvalidGeometry` for calls the contract refuses on sizes (empty outputs,
     unreachable ``dst_shape``); it does not try to diagnose anything else.
     """
     fn = function_of(op)
@@ -351,7 +357,8 @@ def geometry(op: str, *shapes, dst_shape=None, weights_shape=None, strides=1, pa
             batch, b_channels, b_sp = split_data_shape(first, channels_last)
             a_channels = sizes[ca_label] * groups
     eks = [effective_kernel(k, d) for k, d in zip(kernel, dilations)]
-    # Which rule same_* uses: F on a known large size, T otherwise (SPEC §4 table).
+    # Which rule same_* uses: F on a known large size, T otherwise
+    # (the table of docs/semantics.md#auto-pad).
     rule = "F" if family == "convolution" else "T"
 
     def pads(large_sizes, rule):
@@ -488,7 +495,8 @@ def backward_weights(geo: Geometry, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Reference:
-    """The exact result of a call and the terms of its SPEC §5 error bound, per element."""
+    """The exact result of a call and the terms of its error bound, per element
+    (docs/numerics.md#error-bound)."""
 
     y: np.ndarray          # float64 (rounded from extended precision), the user's layout
     abs_sum: np.ndarray    # sum |a*w| over the element's products, plus |bias|
@@ -560,7 +568,7 @@ def reference(op: str, *arrays, **attrs) -> Reference:
 
 
 # --------------------------------------------------------------------------------------------
-# the SPEC §5 bound
+# the error bound (docs/numerics.md#error-bound)
 # --------------------------------------------------------------------------------------------
 
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
@@ -589,7 +597,7 @@ def assert_within_bound(y, ref, abs_sum, n, dtype: str) -> None:
         ratio = np.where(ok, 0.0, np.nan_to_num(err / bound, nan=np.inf, posinf=np.inf))
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     first = tuple(int(i) for i in bad[0])
-    msg = (f"{len(bad)} of {y.size} elements outside the SPEC §5 bound ({dtype}); "
+    msg = (f"{len(bad)} of {y.size} elements outside the error bound ({dtype}); "
            f"worst at index {tuple(int(i) for i in worst)}: got {y[worst]!r}, exact "
            f"{ref[worst]!r}, |error| {err[worst]:.3g} > bound {bound[worst]:.3g} "
            f"(n={int(np.asarray(n)[worst])}, sum|a*w|={abs_sum[worst]:.3g}); first bad index "

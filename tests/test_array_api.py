@@ -5,7 +5,7 @@ what only this backend promises: the result keeps the input's namespace, device 
 on array-api-strict's extra devices, where mixing devices is an error), it works on immutable
 arrays inside ``jax.jit``, dispatch picks it for array libraries with no dedicated backend and
 refuses unknown or mixed array types, and its values agree with the numpy backend within the
-SPEC §5 error bound.
+error bound (docs/numerics.md#error-bound).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def test_keeps_namespace_device_dtype(lib, case):
 
 
 def _brute_forward(a, w, strides, dilations, pads_begin, groups):
-    """Canonical convolution (SPEC §3) by loops over output positions; a NCX, w OIX."""
+    """The canonical convolution by loops over output positions; a NCX, w OIX."""
     n, ca = a.shape[:2]
     cb, k = w.shape[0], w.shape[2:]
     nd = len(k)
@@ -249,7 +249,8 @@ def _brute_forward(a, w, strides, dilations, pads_begin, groups):
 
 @pytest.mark.parametrize("ndim", [1, 2, 3, 4])
 def test_any_rank_forward_and_identities(ndim):
-    """Rank 1..4: forward against loops, the two backward primitives by SPEC §3 identities."""
+    """Rank 1..4: forward against loops, the two backward primitives by the
+    adjoint identities (docs/semantics.md#canonical-convolution)."""
     rng = np.random.default_rng(ndim)
     strides = (2, 1, 3, 1)[:ndim]
     dilations = (1, 2, 1, 1)[:ndim]
@@ -281,7 +282,7 @@ def test_bias_only_rows_and_stride_larger_than_kernel():
 
 
 # --------------------------------------------------------------------------------------------
-# agreement with the numpy backend within the SPEC §5 bound
+# agreement with the numpy backend within the error bound (docs/numerics.md#error-bound)
 # --------------------------------------------------------------------------------------------
 
 
@@ -313,7 +314,7 @@ def test_agrees_with_numpy_backend(lib, case):
         for name, y in (("array_api", ours), ("numpy", theirs)):
             err = np.abs(y - exact)
             worst = np.unravel_index(np.argmax(err - tol), err.shape)
-            assert np.all(err <= tol), (f"{dtype}: {name} backend outside the SPEC §5 bound at "
+            assert np.all(err <= tol), (f"{dtype}: {name} backend outside the error bound at "
                                         f"{worst}: |{y[worst]} - {exact[worst]}| > "
                                         f"{tol[worst]}")
         assert np.all(np.abs(ours - theirs) <= 2 * tol), dtype
@@ -370,7 +371,8 @@ def test_jax_grad_equals_backward_ops(jax):
 
 
 def test_jax_matmuls_run_at_highest_precision(jax):
-    """SPEC §5: no TF32/bf16 passes behind the user's back (JAX's default on GPU/TPU)."""
+    """No TF32/bf16 passes behind the user's back (JAX's default on GPU/TPU); see
+    docs/numerics.md#accumulation."""
     import jax.numpy as jnp
 
     x = jnp.ones((1, 5, 2), jnp.float32)

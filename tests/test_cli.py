@@ -82,7 +82,7 @@ def test_shape_agrees_with_infer_shape_and_the_oracle(capsys, op, shapes, attrs)
     assert tuple(got["pads_begin"]) == plan.pads_begin
     assert tuple(got["pads_end"]) == plan.pads_end
     assert tuple(got["output_padding"]) == plan.output_padding
-    # independently: the oracle's geometry, written from the SPEC only
+    # independently: the oracle's geometry, written from docs/semantics.md only
     arrays = {k: v for k, v in shapes.items() if not k.endswith("_shape") and k != "bias"}
     extra = {k: v for k, v in shapes.items() if k.endswith("_shape")}
     geo = oracle.geometry(op, *arrays.values(), **extra, **attrs)
@@ -268,7 +268,8 @@ def test_builtin_suite_on_numpy(capsys):
     assert code == 0, out
     summary = out.strip().splitlines()[-1]
     assert summary.startswith("polyconv compare: ")
-    # the verdict sends the reader to a page they can open, not to the SPEC's sections
+    # the verdict sends the reader to a page they can open, not to a document outside
+    # the repository
     assert 'within the error bound of the docs page "The numerical contract"' in summary
     assert "SPEC" not in out
     for op in ("Convolution", "ConvolutionBackwardData", "ConvolutionBackwardWeights",

@@ -1,7 +1,7 @@
 """``polyconv.compare``: it passes every working backend and FAILS a broken one.
 
 The pass/fail line is checked against the independent oracle (``tests/oracle.py``): a fake
-backend returns the oracle's exact result moved by a chosen multiple of the oracle's SPEC §5
+backend returns the oracle's exact result moved by a chosen multiple of the oracle's error
 bound, so ``compare`` must pass it at 0.4x and fail it at 3x. Fakes join the registry by
 monkeypatching its table of loaded backends, the way a third-party entry point would appear.
 """
@@ -123,7 +123,7 @@ OP, SHAPES, ATTRS = CALLS[3]  # ConvTranspose with groups, strides, asymmetric p
 
 
 def _exact_plus(factor: float, dtype: str):
-    """The oracle's exact ConvTranspose result moved by ``factor`` x its SPEC §5 bound."""
+    """The oracle's exact ConvTranspose result moved by ``factor`` x its error bound."""
     inputs = _inputs(SHAPES, dtype)
     ref = oracle.reference(OP, *inputs, **ATTRS)
     eps = oracle.EPS[dtype]

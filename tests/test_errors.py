@@ -1,6 +1,6 @@
-"""SPEC §6: every refused call raises the right type with a message naming the op, the argument
-and the offending values, identically on every target (validation runs before any backend);
-inputs are never modified; NaN and Inf are values, not errors.
+"""The validation rules (docs/semantics.md#validation): every refused call raises the right type
+with a message naming the op, the argument and the offending values, identically on every target
+(validation runs before any backend); inputs are never modified; NaN and Inf are values, not errors.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def test_refused_identically_on_every_target(target, bad: BadCall):
     message = str(info.value)
     assert type(info.value) is bad.exc, f"{type(info.value).__name__}: {message}"
     assert re.search(bad.match, message, re.S), (
-        f"message does not say what SPEC §6 asks for:\n  {message}\n  pattern: {bad.match}")
+        f"message does not say what the validation rules ask for:\n  {message}\n"
+        f"  pattern: {bad.match}")
     assert message == _reference_message(bad), "the message differs from the numpy one"
 
 
@@ -132,8 +133,10 @@ def test_nan_and_inf_propagate(target, fn, which, value):
     for an infinity), every other output is exactly what it was.
 
     Weights, and ``b`` in the backward_weights ops, are not poisoned: they also meet the
-    implicit zeros of the padding, and whether that is a product ``0 * inf = nan`` (SPEC §3
-    "out-of-range a reads as 0", taken literally) or no product at all, the SPEC leaves open.
+    implicit zeros of the padding, and whether that is a product ``0 * inf = nan``
+    (the canonical convolution's
+    "out-of-range a reads as 0", taken literally) or no product at all, the contract leaves
+    open (docs/numerics.md#nan-and-inf).
     """
     call = build_case(fn, {**ROW, "dtype": "float64" if np.isnan(value) else "float32"},
                       seed=4)

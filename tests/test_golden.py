@@ -7,7 +7,8 @@ match them exactly. ONNX's layouts are polyconv's ``NCX`` data, ``OIX`` Conv wei
 ConvTranspose weights; ONNX's ``pads`` list is ``pads_begin + pads_end``.
 
 ONNX's ``auto_pad="SAME_UPPER"`` ConvTranspose case puts the odd padding element at the end, as
-SPEC §4 does (rule T: ``total = ek - s = 1``, ``pads_begin = 0``, ``pads_end = 1``).
+the contract does (docs/semantics.md#auto-pad, rule T: ``total = ek - s = 1``,
+``pads_begin = 0``, ``pads_end = 1``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SPEC §3 dot-product identities, on the polyconv ops themselves (float64, every target).
+"""The dot-product identities of the canonical convolution, on the polyconv ops themselves
+(float64, every target).
 
 For a forward op ``F`` and its two backward ops under the same attributes::
 
@@ -164,7 +165,8 @@ SWAP_OI = str.maketrans("OI", "IO")
 def test_conv_transpose_with_dst_shape_is_adjoint_of_convolution(target, p: Problem, data):
     """ConvTranspose with dst_shape resolves same_* by rule F on dst_shape, exactly as the
     Convolution it transposes: its adjoint is that Convolution, with the same weights array
-    read in the Convolution family (O and I swapped in the format string, SPEC §2-§3)."""
+    read in the Convolution family (O and I swapped in the format string; see
+    docs/semantics.md#layouts)."""
     rng, x, w = p.arrays()
     attrs = {k: v for k, v in p.attrs.items() if k != "output_padding"}
     geo = p.geometry
@@ -172,7 +174,7 @@ def test_conv_transpose_with_dst_shape_is_adjoint_of_convolution(target, p: Prob
     sizes = []
     for b, s, k, d, p0, p1 in zip(geo.b_spatial, geo.strides, geo.kernel, geo.dilations,
                                   geo.pads_begin, geo.pads_end):
-        # the reachable range of SPEC §4: s sizes starting at lo
+        # the reachable range of docs/semantics.md#geometry: s sizes starting at lo
         lo = s * (b - 1) + 1 if same else s * (b - 1) + (k - 1) * d + 1 - p0 - p1
         assume(lo >= 1)
         sizes.append(data.draw(st.integers(lo, lo + s - 1)))

@@ -1,4 +1,5 @@
-"""``polyconv.infer_shape`` against the oracle's own geometry (SPEC §4), for every op name,
+"""``polyconv.infer_shape`` against the oracle's own geometry (docs/semantics.md#geometry), for
+every op name,
 every form of ``dst_shape``/``weights_shape`` and their aliases; and for refused calls, the very
 same exception as the op itself."""
 
@@ -91,7 +92,8 @@ def test_weights_shape_forms(fn, form, spelling):
 @pytest.mark.parametrize("fn", ALL_FUNCTIONS)
 def test_attributes_as_keywords_match_the_op_defaults(fn):
     """Leaving every attribute out means strides 1, pads 0, dilations 1, no auto_pad,
-    groups 1, NXC and the function's default weights format (SPEC §1-§2)."""
+    groups 1, NXC and the function's default weights format
+    (docs/semantics.md#layouts)."""
     kind, default_format = FUNCTIONS[fn]
     case = build_case(fn, {**ROW, "strides": 1, "dilations": 1, "pads": "zero",
                            "auto_pad": "none", "groups": "1", "data_format": "default",
@@ -107,7 +109,7 @@ def test_attributes_as_keywords_match_the_op_defaults(fn):
 
 
 def test_docstring_example_numbers():
-    """The numbers of SPEC §4 worked by hand: ConvTranspose, same_upper, stride 2, k=3,
+    """The contract's numbers worked by hand: ConvTranspose, same_upper, stride 2, k=3,
     output_padding 1: rule T total 1 = (0, 1), 65 = 2*32 + 1."""
     plan = polyconv.infer_shape("ConvTranspose", (8, 32, 32, 64), (3, 3, 64, 64), strides=2,
                                 auto_pad="same_upper", output_padding=1)

@@ -106,7 +106,8 @@ def _data(rng, n, c, spatial, fmt):
 
 
 def _weights(rng, cb, ca_g, kernel, wfmt, family):
-    """Random weights in ``wfmt`` for the family's meaning of O and I (SPEC §2)."""
+    """Random weights in ``wfmt`` for the family's meaning of O and I
+    (docs/semantics.md#layouts)."""
     o, i = (cb, ca_g) if family == "convolution" else (ca_g, cb)
     sizes = {"O": (o,), "I": (i,), "X": kernel}
     return rng.standard_normal(tuple(itertools.chain.from_iterable(sizes[c] for c in wfmt)))
@@ -177,7 +178,7 @@ def test_grad_of_a_strided_convolution_has_no_lhs_dilation(dtype):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_low_precision_grad_and_jvp_of_a_strided_convolution(dtype, groups):
     """The custom JVP covers float16/bfloat16 too: reverse mode yields the backward ops
-    (checked against the float64 oracle within SPEC §5's bound for the cotangent rounded to
+    (checked against the float64 oracle within the error bound for the cotangent rounded to
     the inputs' dtype), forward mode the convolution of the tangents."""
     from oracle import random_array
 
@@ -471,7 +472,7 @@ def test_low_precision_accumulates_in_float32_with_one_final_cast(dtype):
     magnitude = polyconv.convolution(np.abs(x64), np.abs(w64), backend="jax")
     y = polyconv.convolution(x, w, b)
     assert y.dtype == x.dtype
-    # SPEC §5: one rounding to the output dtype plus float32 accumulation error (72 products)
+    # one rounding to the output dtype plus float32 accumulation error (72 products)
     bound = (float(jnp.finfo(dtype).eps) * np.abs(exact)
              + 73 * float(np.finfo(np.float32).eps) * (magnitude + np.abs(b64)))
     assert np.all(np.abs(np.asarray(y, np.float64) - exact) <= bound)
@@ -759,7 +760,8 @@ def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
 @pytest.mark.parametrize("lowering", BACKWARD_DATA_LOWERINGS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_backward_data_lowering_low_precision(lowering, dtype):
-    """f32 accumulation and one rounding at the end (SPEC §5) in every lowering."""
+    """f32 accumulation and one rounding at the end in every lowering
+    (docs/numerics.md#accumulation)."""
     from oracle import random_array
 
     rng = np.random.default_rng(12)

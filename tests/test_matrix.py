@@ -10,7 +10,7 @@ dst_shape (absent, full, spatial) and weights_shape (full, spatial). The older-s
 get a plain covering; every name in ``polyconv.OPS`` and every auto_pad spelling gets a case.
 
 Each result must have the target's array type, the input dtype, the oracle's shape, and values
-within the SPEC §5 bound of the oracle's exact values.
+within the error bound (docs/numerics.md#error-bound) of the oracle's exact values.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def run(target, case: Case, arrays, fn=None):
 
 
 def check_result(target, y, ref, dtype: str) -> None:
-    """Array type, dtype and shape first, then the values against the SPEC §5 bound."""
+    """Array type, dtype and shape first, then the values against the error bound
+    (docs/numerics.md#error-bound)."""
     like = target.asarray(np.zeros(1, numpy_dtype(dtype)))
     assert isinstance(y, type(like)), (
         f"result is {type(y).__module__}.{type(y).__qualname__}, expected the target's "
@@ -126,7 +127,7 @@ def test_auto_pad_spellings(target, op, mode, spelling):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_bias_reaches_positions_without_products(target, dtype):
     """ConvTranspose with kernel 1, stride 3 and output_padding 2: two out of three positions
-    receive no product, only the bias (SPEC §3)."""
+    receive no product, only the bias (docs/semantics.md#canonical-convolution)."""
     require_dtype(target, dtype)
     rng = np.random.default_rng(8)
     src = random_array(rng, (2, 3, 4, 2), dtype)         # NXC, IC=2
@@ -176,7 +177,8 @@ def test_numpy_inputs_in_non_native_byte_order(target, dtype):
 @pytest.mark.parametrize("fn", ["convolution_backward_data", "conv_transpose"])
 @pytest.mark.parametrize("auto_pad", ["none", "valid", "same_upper", "same_lower"])
 def test_every_reachable_dst_shape(target, fn, auto_pad):
-    """Every size in the reachable range of dst_shape (SPEC §4), full and spatial forms."""
+    """Every size in the reachable range of dst_shape, full and spatial forms
+    (docs/semantics.md#explicit-shapes)."""
     rng = np.random.default_rng(9)
     s, k = 3, 2
     dy = random_array(rng, (1, 4, 2, 3), "float64")        # NCX, C=4, B=(2, 3)

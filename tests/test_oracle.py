@@ -1,5 +1,5 @@
 """The oracle checked on its own, with no polyconv: hand-computed cases, a literal loop
-implementation of the SPEC formulas, and identities."""
+implementation of the formulas of docs/semantics.md, and identities."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_backward_data_by_hand():
 
 
 # --------------------------------------------------------------------------------------------
-# geometry formulas by hand (SPEC §4)
+# geometry formulas by hand (docs/semantics.md#geometry)
 # --------------------------------------------------------------------------------------------
 
 
@@ -194,7 +194,7 @@ def test_geometry_refuses(op, shapes, attrs):
 
 
 # --------------------------------------------------------------------------------------------
-# a third implementation: the SPEC formulas as literal loops (NCX, OIX / IOX)
+# a third implementation: the formulas of docs/semantics.md as literal loops (NCX, OIX / IOX)
 # --------------------------------------------------------------------------------------------
 
 
@@ -361,7 +361,7 @@ def test_every_weights_and_data_format_agrees(op):
 
 
 # --------------------------------------------------------------------------------------------
-# identities (SPEC §3)
+# identities (docs/semantics.md#canonical-convolution)
 # --------------------------------------------------------------------------------------------
 
 ADJOINT_CASES = [
@@ -377,7 +377,7 @@ ADJOINT_CASES = [
 @pytest.mark.parametrize("family", ["convolution", "conv_transpose"])
 def test_dot_product_identities(family, ndim, attrs):
     """<fwd(x, W), dy> = <x, bwd_data(dy, W)> = <W, bwd_weights(x, dy)> under one set of
-    attributes (SPEC §3); default formats XIO / XOI."""
+    attributes (docs/semantics.md#canonical-convolution); default formats XIO / XOI."""
     rng = np.random.default_rng(4)
     groups = attrs["groups"]
     attrs = dict(attrs)
@@ -429,7 +429,8 @@ def _pair_inputs(attrs, data_format):
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 def test_conv_transpose_is_convolution_backward_data(attrs, data_format):
     """ConvTranspose IOX ``[IC, OC/G, K]`` and ConvolutionBackwardData OIX ``[OC, IC/G, K]``
-    are the same canonical ``W`` ``[Cb, Ca/G, K]``: the two ops coincide (SPEC §3)."""
+    are the same canonical ``W`` ``[Cb, Ca/G, K]``: the two ops coincide
+    (docs/semantics.md#canonical-convolution)."""
     _, w, src = _pair_inputs(attrs, data_format)
     common = {**attrs, "data_format": data_format}
     ct = reference("conv_transpose", src, w, weights_format="IOX", **common)
@@ -476,7 +477,7 @@ def test_bound_accepts_rounding_and_rejects_errors(dtype):
     worst_allowed = np.abs(r.y) * 2.0**-10 + r.n * 2.0**-23 * r.abs_sum
     for bad in (r.y + 2 * worst_allowed + 1e-3, np.where(r.n > 0, np.nan, r.y),
                 r.y[:, ::-1]):
-        with pytest.raises(AssertionError, match="outside the SPEC §5 bound"):
+        with pytest.raises(AssertionError, match="outside the error bound"):
             assert_within_bound(bad, r.y, r.abs_sum, r.n, dtype)
     with pytest.raises(AssertionError, match="shape"):
         assert_within_bound(r.y[:1], r.y, r.abs_sum, r.n, dtype)

@@ -3,22 +3,22 @@
 The expectations come from PyTorch alone (``torch.nn.functional.conv{1,2,3}d``,
 ``conv_transpose{1,2,3}d`` and ``torch.autograd.grad``), never from polyconv or the tests'
 oracle. The translation of the oneDNN attributes into torch calls is written out here, from
-SPEC §2-§4 only:
+docs/semantics.md only:
 
 * pads (asymmetric): ``F.pad`` of the input, then torch with ``padding=0``;
 * the transposed direction: torch with ``padding=0`` gives every product, ``s*(B-1) + ek``
   positions per axis; the oneDNN output is the window ``[pb, pb + A)`` of it, zero-extended
   past its end (positions that output_padding or dst_shape add get the bias only);
-* ``auto_pad``: the pads are computed here (SPEC §4, rule F on the large size, rule T
-  ``ek - s``) and the user's own pads are passed too, to be ignored;
+* ``auto_pad``: the pads are computed here (docs/semantics.md#auto-pad: rule F on the large
+  size, rule T ``ek - s``) and the user's own pads are passed too, to be ignored;
 * layouts: NXC is moved to torch's NCX; the weights formats are transposed to torch's conv
   weight ``[OC, IC/g, K..]`` (Convolution OIX) or conv_transpose weight ``[IC, OC/g, K..]``
   (ConvTranspose IOX); ``None`` leaves the family's default format (XIO / XOI).
 
-Every problem is a canonical convolution (SPEC §3) from a large tensor ``a`` ``[N, Ca, A..]``
-to a small one ``b`` ``[N, Cb, B..]`` with weights ``[Cb, Ca/G, K..]``, which is both torch's
-conv weight of ``a -> b`` and torch's conv_transpose weight of ``b -> a``. Eager JAX compiles
-every call for its shapes, so the JAX targets run fewer examples.
+Every problem is a canonical convolution from a large tensor ``a`` ``[N, Ca, A..]`` to a small
+one ``b`` ``[N, Cb, B..]`` with weights ``[Cb, Ca/G, K..]``, which is both torch's conv weight
+of ``a -> b`` and torch's conv_transpose weight of ``b -> a``. Eager JAX compiles every call
+for its shapes, so the JAX targets run fewer examples.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def run_examples(target, strategy, check) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# geometry (SPEC §4), computed here
+# geometry (docs/semantics.md#geometry), computed here
 # --------------------------------------------------------------------------------------------
 
 
@@ -92,7 +92,7 @@ class Case:
     dilations: tuple[int, ...]
     user_pads: tuple[tuple[int, ...], tuple[int, ...]]   # what the call passes
     auto_pad: str
-    pads_begin: tuple[int, ...]                           # what SPEC §4 makes of them
+    pads_begin: tuple[int, ...]                           # what the contract makes of them
     pads_end: tuple[int, ...]
     a: tuple[int, ...]
     b: tuple[int, ...]
@@ -150,7 +150,8 @@ class Case:
         return (n, *sp, c) if self.nxc else (n, c, *sp)
 
     def _perm(self, family: str) -> list[int]:
-        """Axes of an OIX array (O, I as SPEC §2 defines them for ``family``) in the format."""
+        """Axes of an OIX array (O, I as the contract defines them for ``family``) in
+        the format."""
         fmt = self.weights_format or DEFAULT_WEIGHTS_FORMAT[family]
         axes = {"O": [0], "I": [1], "X": list(range(2, 2 + self.rank))}
         return [ax for letter in fmt for ax in axes[letter]]

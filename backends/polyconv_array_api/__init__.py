@@ -11,7 +11,7 @@ batched ``matmul`` over channels per tap, groups as the matmul batch axis. ``bac
 splits the large tensor into its ``stride`` phases (polyphase decomposition), computes each
 phase as a stride-1 correlation of the once-padded small tensor, and interleaves the phases
 with ``stack`` + ``reshape``. Accumulation in float32 (float64 for float64 inputs), one final
-cast to the input dtype, bias added before that cast (SPEC §5).
+cast to the input dtype, bias added before that cast (docs/numerics.md#accumulation).
 
 Use it with ``backend="array_api"``, or let polyconv pick it for arrays with no dedicated
 backend (e.g. ``torch.Tensor``).

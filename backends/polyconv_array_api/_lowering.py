@@ -1,4 +1,5 @@
-"""The three primitives of SPEC §3 in the Python array API standard.
+"""The three primitives (docs/semantics.md#canonical-convolution) in the Python array API
+standard.
 
 Everything here is a function of the standard, reached through
 ``array_api_compat.array_namespace``: no item assignment, no in-place updates, no
@@ -29,13 +30,14 @@ backward_weights (a, b -> W)
     ``W_k = b^T @ slice_k(pad(a))`` per tap, contracting over batch and space in one matmul,
     then ``stack`` over taps.
 
-Numerics (SPEC §5): inputs are cast to the accumulation dtype (float32, or float64 for float64)
+Numerics (docs/numerics.md#accumulation): inputs are cast to the accumulation dtype (float32,
+or float64 for float64)
 first, the sum over taps is kept in it, bias is added in it, and the result is cast to the input
 dtype once at the end.
 
 The only library-specific code is :func:`_precision`: inside a call on JAX arrays, float32
 matmuls run with ``jax.default_matmul_precision("highest")`` (unless the caller passes
-``precision=``), because JAX's default precision on GPU/TPU uses TF32/bf16 passes that SPEC §5
+``precision=``), because JAX's default precision on GPU/TPU uses TF32/bf16 passes that the contract
 forbids. PyTorch's float32 matmul is full precision by default.
 """
 

@@ -628,7 +628,8 @@ def subpixel_is_exact(plan: ConvPlan) -> bool:
 def choose_backward_data(plan: ConvPlan) -> str:
     """The backward_data lowering for a plan (measured on XLA CPU: see the module docstring).
 
-    Only lowerings that form exactly the products of SPEC §3 are chosen (NaN and infinity in
+    Only lowerings that form exactly the products of the canonical convolution are chosen (NaN
+    and infinity in
     ``b`` reach exactly the outputs that read them): ``subpixel*`` only where
     :func:`subpixel_is_exact`.
 

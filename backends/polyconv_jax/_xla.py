@@ -14,7 +14,7 @@ from polyconv import ConvPlan
 from polyconv._geometry import PRECISION_NAMES, check_precision
 
 # --------------------------------------------------------------------------------------------
-# precision (SPEC §5: full precision unless the caller opts in)
+# precision (docs/numerics.md#accumulation: full precision unless the caller opts in)
 # --------------------------------------------------------------------------------------------
 
 _FULL = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
