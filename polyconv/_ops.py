@@ -539,8 +539,9 @@ for _f, _large, _wfmt in (
     (conv_transpose_backward_data, "diff_dst", "XOI"),
     (conv_transpose_backward_weights, "diff_dst", "XOI"),
 ):
-    _f.__doc__ = _f.__doc__.replace(
-        "{common}", _COMMON_DOC.format(large=_large, wfmt=_wfmt).strip() + "\n")
+    if _f.__doc__:  # None under python -OO
+        _f.__doc__ = _f.__doc__.replace(
+            "{common}", _COMMON_DOC.format(large=_large, wfmt=_wfmt).strip() + "\n")
 
 
 # --------------------------------------------------------------------------------------------

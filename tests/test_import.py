@@ -59,3 +59,16 @@ def test_numpy_backend_is_available(report):
     assert "numpy" in report["available"]
     assert set(report["available"]) <= set(report["registered"])
     assert {"numpy", "jax", "array_api"} <= set(report["registered"])
+
+
+def test_import_and_a_call_work_without_docstrings():
+    """``python -OO`` strips docstrings: nothing at import time may depend on them."""
+    paths = [str(ROOT), str(ROOT / "backends")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    script = ("import numpy as np, polyconv; "
+              "print(polyconv.conv_transpose(np.ones((1, 2, 2, 1), np.float32), "
+              "np.ones((2, 2, 1, 1), np.float32), strides=2).shape)")
+    done = subprocess.run([sys.executable, "-OO", "-c", script], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(1, 4, 4, 1)"

@@ -89,3 +89,10 @@ def test_the_parser_sees_every_form():
             'sys.exit("needs JAX: pip install \'polyconv-ops[jax]\'")')
     assert _named(text) == ["polyconv", "polyconv-ops", "polyconv", "polyconv-ops",
                             "polyconv-ops"]
+
+
+def test_the_version_is_written_once():
+    """pyproject.toml reads the version from the package, so the two cannot disagree."""
+    assert "version" not in PYPROJECT["project"]
+    assert "version" in PYPROJECT["project"]["dynamic"]
+    assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "polyconv/__init__.py"
