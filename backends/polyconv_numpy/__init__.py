@@ -1,6 +1,7 @@
 """polyconv's numpy backend: direct loops over kernel taps, matrix products over channels.
 
-Two paths compute the same three primitives of SPEC §3:
+Two paths compute the same three primitives of the canonical convolution
+(docs/semantics.md#canonical-convolution):
 
 * :mod:`._fast` (the default): implicit GEMM on a phase grid. Each block of output rows is one
   matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer.
@@ -36,7 +37,8 @@ def _finite(*arrays: Any) -> bool:
 
 
 class NumpyBackend:
-    """The three primitives of SPEC §3 on numpy arrays (see :class:`polyconv.Backend`)."""
+    """The three primitives (docs/semantics.md#canonical-convolution) on numpy arrays (see
+    :class:`polyconv.Backend`)."""
 
     name = "numpy"
 
@@ -47,7 +49,8 @@ class NumpyBackend:
         # an empty batch has no rows to lay on the phase grid: the exact path returns zeros
         return _fast if self.fast and plan.batch and _finite(*arrays) else _exact
 
-    # NaN/Inf propagate by design (SPEC §6): numpy's "invalid value" warnings are silenced.
+    # NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
+    # warnings are silenced.
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
         # only 0 * w terms (padding, cropped rows) are added: a finite w keeps them exact
         with np.errstate(invalid="ignore"):

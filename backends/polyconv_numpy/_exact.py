@@ -9,50 +9,23 @@ path is tested against.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
 
 from polyconv._geometry import ConvPlan
+from polyconv._phases import phases
 
 from ._common import add_bias, canonical_weights, channels_last, dtypes, to_user_layout
 
 
-def _axis_windows(a_size: int, b_size: int, k_size: int, s: int, d: int, pb: int):
-    """Per tap of one axis: ``(b_slice, a_slice)`` of the in-range positions, or ``None``.
-
-    Tap ``k`` pairs ``b[y]`` with ``a[y*s + k*d - pb]``; only ``0 <= y*s + k*d - pb < A``
-    contributes.
-    """
-    windows = []
-    for k in range(k_size):
-        off = k * d - pb
-        y_lo = max(0, -(off // s))          # smallest y with y*s + off >= 0
-        y_hi = min(b_size - 1, (a_size - 1 - off) // s)
-        if y_hi < y_lo:
-            windows.append(None)
-            continue
-        x_lo = y_lo * s + off
-        windows.append((slice(y_lo, y_hi + 1), slice(x_lo, x_lo + (y_hi - y_lo) * s + 1, s)))
-    return windows
-
-
 def _taps(plan: ConvPlan):
-    """``(k, b_index, a_index)`` for every kernel tap that touches the data."""
-    per_axis = [
-        _axis_windows(a, b, k, s, d, pb)
-        for a, b, k, s, d, pb in zip(plan.a_spatial, plan.b_spatial, plan.kernel,
-                                     plan.strides, plan.dilations, plan.pads_begin)
-    ]
+    """``(k, b_index, a_index)`` for every kernel tap that touches the data (the in-range
+    windows of :mod:`polyconv._phases`)."""
+    ph = phases(plan)
     full = slice(None)
-    for k in itertools.product(*(range(n) for n in plan.kernel)):
-        wins = [per_axis[axis][kk] for axis, kk in enumerate(k)]
-        if any(w is None for w in wins):
-            continue
-        b_index = (full, *(w[0] for w in wins), full)
-        a_index = (full, *(w[1] for w in wins), full)
-        yield k, b_index, a_index
+    for t, b_index, a_index in ph.tap_windows:
+        yield ph.taps[t].k, (full, *b_index, full), (full, *a_index, full)
 
 
 class _Contraction:

@@ -1,12 +1,13 @@
 """The fast path: implicit GEMM on a phase grid, in cache-sized chunks of rows.
 
-The canonical convolution (SPEC §3) pairs ``b[y]`` with ``a[y*s + k*d - pb]`` for each kernel
-tap ``k``. Split the zero-padded large tensor into its ``s`` *phases* per axis
-(``phase_r[i] = a_pad[i*s + r]``): tap ``k`` reads phase ``r = (k*d) % s`` at offset
-``q = (k*d) // s``, with unit stride. Lay the phases and the small tensor on one grid
-``[N, P.., C]`` (``P >= B + max q``) and flatten ``[N, P..]`` into rows: every tap becomes a
-fixed *row offset*, and a block of output rows is one matrix product of the taps' shifted row
-blocks, concatenated along channels, with the taps' weights stacked to match::
+The canonical convolution (docs/semantics.md#canonical-convolution) pairs ``b[y]`` with
+``a[y*s + k*d - pb]`` for each kernel tap ``k``. Split the zero-padded large tensor into its
+``s`` *phases* per axis (:mod:`polyconv._phases`; ``phase_r[i] = a_pad[i*s + r]``): tap
+``k`` reads phase ``r = (k*d) % s`` at offset ``q = (k*d) // s``, with unit stride. Lay the
+phases and the small tensor on one grid ``[N, P.., C]`` (``P >= B + max q``) and flatten
+``[N, P..]`` into rows: every tap becomes a fixed *row offset*, and a block of output rows is
+one matrix product of the taps' shifted row blocks, concatenated along channels, with the
+taps' weights stacked to match::
 
     forward           b[j]    = [a_r(t)[j + off_t] for t] @ W_fwd           (all taps)
     backward_data     a_r[j]  = [b[j - off_t] for t in taps of phase r] @ W_bwd_r
@@ -22,13 +23,13 @@ group (depthwise) is a broadcast multiply-add per tap.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 import numpy as np
 
 from polyconv._geometry import ConvPlan
+from polyconv._phases import phases
 
 from ._common import (
     add_bias,
@@ -44,43 +45,34 @@ _CHANNELS_FIRST_MAX = 8  # channels per group up to which backward_data runs cha
 
 
 class _Grid:
-    """Phase-grid geometry: grid sizes, and each tap's phase and row offset."""
+    """Phase-grid geometry: grid sizes, and each tap's phase and row offset.
+
+    The phase numbers (each tap's phase and shift, each phase's in-range cells) are those of
+    :mod:`polyconv._phases`; the grid adds the flattening: ``P = max(cells, B + max shift)``
+    cells per axis, so that every tap's window of every row lies on the grid.
+    """
 
     def __init__(self, plan: ConvPlan):
         self.plan = plan
-        s, d, k = plan.strides, plan.dilations, plan.kernel
-        q_max = [((kk - 1) * dd) // ss for kk, dd, ss in zip(k, d, s)]
-        self.p = tuple(max(-(-(a + pb) // ss), b + qm)
-                       for a, b, pb, ss, qm in zip(plan.a_spatial, plan.b_spatial,
-                                                   plan.pads_begin, s, q_max))
+        self.ph = ph = phases(plan)
+        self.p = tuple(max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes)
         self.rows = plan.batch * math.prod(self.p)
         row_strides = [math.prod(self.p[i + 1:]) for i in range(plan.ndim)]
         #: (phase, row offset) per tap, taps in kernel row-major order
-        self.taps: list[tuple[tuple[int, ...], int]] = []
-        for kk in itertools.product(*(range(n) for n in k)):
-            phase = tuple((ki * di) % si for ki, di, si in zip(kk, d, s))
-            off = sum(((ki * di) // si) * st for ki, di, si, st in zip(kk, d, s, row_strides))
-            self.taps.append((phase, off))
+        self.taps: list[tuple[tuple[int, ...], int]] = [
+            (tap.phase, sum(q * st for q, st in zip(tap.shift, row_strides)))
+            for tap in ph.taps]
         self.margin = max(off for _, off in self.taps)
-        self.phases: dict[tuple[int, ...], list[int]] = {}
-        for t, (phase, _) in enumerate(self.taps):
-            self.phases.setdefault(phase, []).append(t)
+        #: the phases some tap reaches, each with its taps' indices
+        self.phases: dict[tuple[int, ...], list[int]] = {r: list(ts) for r, ts in ph.by_phase}
 
     def _window(self, phase: tuple[int, ...]):
         """``(grid index, large-tensor index)`` of a phase's in-range cells, or ``None``."""
-        plan = self.plan
-        grid_idx, a_idx = [slice(None)], [slice(None)]
-        for r, p, a, s, pb in zip(phase, self.p, plan.a_spatial, plan.strides,
-                                  plan.pads_begin):
-            off = r - pb                        # phase cell i holds a[i*s + off]
-            i_lo = max(0, -(off // s))
-            i_hi = min(p - 1, (a - 1 - off) // s)
-            if i_hi < i_lo:
-                return None
-            x_lo = i_lo * s + off
-            grid_idx.append(slice(i_lo, i_hi + 1))
-            a_idx.append(slice(x_lo, x_lo + (i_hi - i_lo) * s + 1, s))
-        return (*grid_idx, slice(None)), (*a_idx, slice(None))
+        win = self.ph.phase_window(phase, self.p)
+        if win is None:
+            return None
+        full = slice(None)
+        return (full, *win[0], full), (full, *win[1], full)
 
     def split(self, a: Any, acc: np.dtype) -> dict[tuple[int, ...], np.ndarray]:
         """Phases of the padded large tensor: ``[rows + margin, Ca]`` each (zero tail)."""

@@ -1,0 +1,145 @@
+"""The phase geometry (polyconv._phases) against brute-force enumeration of the canonical
+convolution's index pairs: integers only, no arrays."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import polyconv
+from polyconv._phases import axis_phases, in_range, phases
+
+# one axis: large size A, small size B, kernel, stride, dilation, pad_begin (B is free: the
+# windows only clip, whatever geometry produced it)
+AXES = [g for g in itertools.product(range(1, 8), range(1, 6), range(1, 5), range(1, 4),
+                                     range(1, 4), range(0, 4))]
+
+
+def pairs(a, b, k, s, d, pb):
+    """Every in-range ``(y, k, x)`` of the canonical convolution on one axis."""
+    return {(y, kk, y * s + kk * d - pb) for y in range(b) for kk in range(k)
+            if 0 <= y * s + kk * d - pb < a}
+
+
+def test_in_range_is_exactly_the_in_range_indices():
+    for offset, step, count, size in itertools.product(range(-7, 8), range(1, 4), range(6),
+                                                       range(7)):
+        want = [i for i in range(count) if 0 <= i * step + offset < size]
+        win = in_range(offset, step, count, size)
+        if not want:
+            assert win is None
+            continue
+        assert list(range(count))[win.index] == want
+        assert list(range(size))[win.positions] == [i * step + offset for i in want]
+        assert win.count == len(want) and win.first == want[0] * step + offset
+
+
+def test_axis_numbers_match_brute_force():
+    for a, b, k, s, d, pb in AXES:
+        ax = axis_phases(a, b, k, s, d, pb)
+        got = set()
+        for kk in range(k):
+            # tap k reads phase r at shift q: a[y*s + k*d - pb] is phase_r[y + q]
+            r, q = ax.phase[kk], ax.shift[kk]
+            assert (y := 5) * s + kk * d - pb == (y + q) * s + r - pb
+            assert 0 <= r < s
+            win = ax.tap_window(kk)
+            if win is None:
+                continue
+            ys = list(range(b))[win.index]
+            xs = list(range(a))[win.positions]
+            got |= {(y, kk, x) for y, x in zip(ys, xs, strict=True)}
+        assert got == pairs(a, b, k, s, d, pb), (a, b, k, s, d, pb)
+        # taps per phase: a partition of the kernel, ascending, evenly spaced
+        assert sorted(t for ts in ax.taps for t in ts) == list(range(k))
+        for r, ts in enumerate(ax.taps):
+            assert all(ax.phase[t] == r for t in ts)
+            assert all(t1 - t0 == ax.tap_step for t0, t1 in itertools.pairwise(ts))
+            assert all(ax.shift[t1] - ax.shift[t0] == ax.shift_step
+                       for t0, t1 in itertools.pairwise(ts))
+        assert ax.max_shift == max(ax.shift)
+
+
+def test_phase_cells_cover_the_large_axis():
+    for a, b, k, s, d, pb in AXES:
+        ax = axis_phases(a, b, k, s, d, pb)
+        # cells 0..cells-1 of every phase reach every x, each exactly once; no fewer would
+        covered = {}
+        for r in range(s):
+            for i in range(ax.cells):
+                x = i * s + r - pb
+                if 0 <= x < a:
+                    assert x not in covered
+                    covered[x] = (r, i)
+        assert sorted(covered) == list(range(a))
+        assert max(i for _, i in covered.values()) == ax.cells - 1
+        # the window of each phase is exactly its in-range cells, also for a larger grid
+        for cells in (ax.cells, ax.cells + 3):
+            for r in range(s):
+                want = [i for i in range(cells) if 0 <= i * s + r - pb < a]
+                win = ax.phase_window(r, cells)
+                if not want:
+                    assert win is None
+                    continue
+                assert list(range(cells))[win.index] == want
+                assert list(range(a))[win.positions] == [i * s + r - pb for i in want]
+        # the tight cover: rows q_lo.. interleaved hold a from crop on, and no row is spare
+        assert ax.q_lo * s <= pb < (ax.q_lo + 1) * s
+        assert ax.crop == pb - ax.q_lo * s
+        assert (ax.q_lo + ax.rows - 1) * s < pb + a <= (ax.q_lo + ax.rows) * s
+
+
+PLANS = [
+    ("conv_transpose", (2, 5, 4, 3), (3, 2, 4, 3), dict(strides=(2, 3), pads_begin=(1, 0),
+                                                        pads_end=(0, 2), output_padding=(1, 2))),
+    ("convolution", (1, 9, 7, 2), (3, 2, 2, 4), dict(strides=(3, 2), dilations=(2, 3),
+                                                    pads_begin=(2, 1), pads_end=(0, 3))),
+    ("convolution", (1, 6, 5, 4, 1), (2, 3, 2, 1, 2), dict(strides=(2, 1, 3),
+                                                          pads_begin=(1, 0, 1))),
+    ("convolution", (1, 8, 1), (4, 1, 1), dict(strides=1, dilations=2, auto_pad="same_upper")),
+]
+
+
+@pytest.mark.parametrize("op,src,wts,attrs", PLANS)
+def test_plan_taps_and_windows_match_brute_force(op, src, wts, attrs):
+    plan = polyconv.infer_shape(op, src, wts, **attrs)
+    ph = phases(plan)
+    assert ph is phases(plan)                                    # cached
+    assert len(ph.taps) == len(list(itertools.product(*map(range, plan.kernel))))
+    want = set()
+    for y in itertools.product(*map(range, plan.b_spatial)):
+        for t, k in enumerate(itertools.product(*map(range, plan.kernel))):
+            x = tuple(yi * s + ki * d - pb for yi, ki, s, d, pb in
+                      zip(y, k, plan.strides, plan.dilations, plan.pads_begin))
+            if all(0 <= xi < a for xi, a in zip(x, plan.a_spatial)):
+                want.add((y, t, x))
+    got = set()
+    for t, b_index, a_index in ph.tap_windows:
+        assert ph.taps[t].k == tuple(itertools.product(*map(range, plan.kernel)))[t]
+        ys = itertools.product(*(list(range(n))[sl] for n, sl in zip(plan.b_spatial, b_index)))
+        xs = itertools.product(*(list(range(n))[sl] for n, sl in zip(plan.a_spatial, a_index)))
+        got |= {(y, t, x) for y, x in zip(ys, xs, strict=True)}
+    assert got == want
+    # the phases reached, each with its taps, ascending; in order of their first tap
+    seen = [tap.phase for tap in ph.taps]
+    assert [r for r, _ in ph.by_phase] == list(dict.fromkeys(seen))
+    for r, ts in ph.by_phase:
+        assert ts == tuple(t for t, tap in enumerate(ph.taps) if tap.phase == r)
+    assert ph.every_phase_reached == all(set(ax.phase) == set(range(ax.stride))
+                                         for ax in ph.axes)
+    # each phase's cells hold distinct positions of a, all of them over all phases
+    covered = []
+    for r in itertools.product(*(range(s) for s in plan.strides)):
+        win = ph.phase_window(r)
+        if win is None:
+            continue
+        cells, xs = win
+        for i, x in zip(itertools.product(*(list(range(ax.cells))[sl] for ax, sl in
+                                            zip(ph.axes, cells))),
+                        itertools.product(*(list(range(n))[sl] for n, sl in
+                                            zip(plan.a_spatial, xs))), strict=True):
+            assert x == tuple(ii * s + ri - pb for ii, s, ri, pb in
+                              zip(i, plan.strides, r, plan.pads_begin))
+            covered.append(x)
+    assert sorted(covered) == list(itertools.product(*map(range, plan.a_spatial)))
