@@ -14,11 +14,9 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
-Primitive = Literal["forward", "backward_data", "backward_weights"]
-Family = Literal["convolution", "conv_transpose"]
+from ._optable import Family, OpSpec, Primitive
 
 AUTO_PADS = ("none", "same_upper", "same_lower", "valid")
 _AUTO_PAD_ALIASES = {"none": "none", "explicit": "none", "notset": "none",
@@ -39,6 +37,10 @@ class ConvPlan:
 
     ``primitive`` says which of ``forward`` (a, W -> b), ``backward_data`` (b, W -> a) and
     ``backward_weights`` (a, b -> W) the op is. Pads are resolved per axis on ``a``.
+
+    Plans compare and hash on the geometry alone: ``op``, ``dtype``, ``precision``,
+    ``has_bias`` and the format strings (for messages and reports) are left out, so an op and
+    its alias, or two dtypes of one layer, are one key of a per-plan cache.
 
     Attributes
     ----------
@@ -67,7 +69,7 @@ class ConvPlan:
         ``None`` means the contract's default: full precision (:ref:`accumulation`).
     """
 
-    op: str
+    op: str = field(compare=False)
     primitive: Primitive
     batch: int
     a_channels: int
@@ -83,11 +85,11 @@ class ConvPlan:
     output_padding: tuple[int, ...]
     channels_last: bool
     weights_perm: tuple[int, ...]
-    data_format: str
-    weights_format: str
-    dtype: str | None = None
-    has_bias: bool = False
-    precision: object = None
+    data_format: str = field(compare=False)
+    weights_format: str = field(compare=False)
+    dtype: str | None = field(default=None, compare=False)
+    has_bias: bool = field(default=False, compare=False)
+    precision: object = field(default=None, compare=False)
 
     # --- derived numbers -------------------------------------------------------------------
     @property
@@ -535,26 +537,6 @@ def _implied_output_padding(a_spatial, b_spatial, strides, eks, pb, pe) -> tuple
 # the resolver
 # --------------------------------------------------------------------------------------------
 
-_FAMILY = {
-    "convolution": "convolution",
-    "convolution_backward_data": "convolution",
-    "convolution_backward_weights": "convolution",
-    "conv_transpose": "conv_transpose",
-    "conv_transpose_backward_data": "conv_transpose",
-    "conv_transpose_backward_weights": "conv_transpose",
-}
-
-# kind -> (primitive, name of the large tensor, name of the small tensor)
-_ROLES = {
-    "convolution": ("forward", "src", "dst"),
-    "convolution_backward_data": ("backward_data", "diff_src", "diff_dst"),
-    "convolution_backward_weights": ("backward_weights", "src", "diff_dst"),
-    "conv_transpose": ("backward_data", "dst", "src"),
-    "conv_transpose_backward_data": ("forward", "diff_dst", "diff_src"),
-    "conv_transpose_backward_weights": ("backward_weights", "diff_dst", "src"),
-}
-
-
 @dataclass(frozen=True)
 class Attrs:
     """Raw keyword attributes of one call, before resolution."""
@@ -570,226 +552,273 @@ class Attrs:
     weights_format: object = "XIO"
 
 
-def resolve(kind: str, op: str, shapes: dict[str, tuple[int, ...] | None], attrs: Attrs,
+@dataclass(frozen=True)
+class _Data:
+    """The data inputs of a call, read in its data format."""
+
+    spec: OpSpec
+    data_format: str
+    first: str                                  # the first data input, the rank reference
+    shapes: dict[str, tuple[int, ...]]          # full shapes by input name
+    ndim: int
+
+    @property
+    def op(self) -> str:
+        return self.spec.name
+
+    @property
+    def channels_last(self) -> bool:
+        return self.data_format == "NXC"
+
+    def batch(self, name: str) -> int:
+        return self.shapes[name][0]
+
+    def channels(self, name: str) -> int:
+        return self.shapes[name][-1 if self.channels_last else 1]
+
+    def spatial(self, name: str) -> tuple[int, ...]:
+        shape = self.shapes[name]
+        return shape[1:-1] if self.channels_last else shape[2:]
+
+    def no_batch(self) -> str:
+        layout = "[N, X.., C]" if self.channels_last else "[N, C, X..]"
+        return (f"if {self.first} lacks its batch axis, add one ({self.first}[None]): the "
+                f"data must be {layout} ({self.data_format}), batch first")
+
+
+@dataclass(frozen=True)
+class _Numbers:
+    """The numeric attributes, parsed and range-checked."""
+
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    groups: int
+
+
+def resolve(spec: OpSpec, shapes: dict[str, tuple[int, ...] | None], attrs: Attrs,
             *, dst_shape=None, weights_shape=None) -> ConvPlan:
-    """Resolve one call of op ``kind`` (a canonical function name) into a :class:`ConvPlan`.
+    """Resolve one call of the op ``spec`` into a :class:`ConvPlan`.
 
-    ``op`` is the name used in messages. ``shapes`` holds the input shapes by argument name
-    (``src``/``diff_dst``/``weights``/``bias``), ``None`` for an absent optional input.
+    ``shapes`` holds the input shapes by argument name (``src``/``diff_dst``/``weights``/
+    ``bias``), ``None`` for an absent optional input. The steps run in the order a reader
+    checks a call: formats, data shapes and rank, numeric attributes, weights and channels,
+    spatial sizes and pads, bias. Each raises the op's own error for what it finds wrong.
     """
-    family: Family = _FAMILY[kind]  # type: ignore[assignment]
-    primitive, large_name, small_name = _ROLES[kind]
-
-    # ---- string attributes ----------------------------------------------------------------
+    op = spec.name
     data_format = parse_choice(op, "data_format", attrs.data_format, DATA_FORMATS)
     weights_format = parse_choice(op, "weights_format", attrs.weights_format, WEIGHTS_FORMATS)
     auto_pad = parse_auto_pad(op, attrs.auto_pad)
-    channels_last = data_format == "NXC"
-
-    # ---- data shapes and the spatial rank --------------------------------------------------
-    # The data inputs of each op, in signature order.
-    data_inputs = [name for name in ("src", "diff_dst") if shapes.get(name) is not None]
-    first = data_inputs[0]
-    first_shape = _shape(op, first, shapes[first])
-    layout = "[N, X.., C]" if channels_last else "[N, C, X..]"
-    no_batch = (f"if {first} lacks its batch axis, add one ({first}[None]): the data must be "
-                f"{layout} ({data_format}), batch first")
-    if len(first_shape) < 3:
-        msg = (f"{op}: {first} must have rank >= 3 ([N, C, X..] or [N, X.., C], at least one "
-               f"spatial axis); got {first}.shape={first_shape}; {no_batch}")
-        raise ValueError(msg)
-    ndim = len(first_shape) - 2
-    data = {}
-    for name in data_inputs:
-        shp = _shape(op, name, shapes[name])
-        if len(shp) != ndim + 2:
-            msg = (f"{op}: {name} must have the same rank as {first} ({ndim + 2}); got "
-                   f"{first}.shape={first_shape}, {name}.shape={shp}")
-            raise ValueError(msg)
-        n, c, sp = _split_data(op, name, shp, channels_last)
-        if c < 1 or any(x < 1 for x in sp) or n < 0:
-            msg = (f"{op}: {name} must have at least one channel and a non-empty spatial "
-                   f"extent ({data_format}); got {name}.shape={shp}")
-            raise ValueError(msg)
-        data[name] = (n, c, sp, shp)
-
-    # ---- numeric attributes ----------------------------------------------------------------
-    strides = parse_ints(op, "strides", attrs.strides, ndim)
-    dilations = parse_ints(op, "dilations", attrs.dilations, ndim)
-    pads_begin = _parse_pads(op, "pads_begin", attrs.pads_begin, ndim, auto_pad)
-    pads_end = _parse_pads(op, "pads_end", attrs.pads_end, ndim, auto_pad)
-    output_padding = parse_ints(op, "output_padding", attrs.output_padding, ndim)
-    groups = _as_int(op, "groups", attrs.groups)
-    _check_min(op, "strides", strides, 1)
-    _check_min(op, "dilations", dilations, 1)
-    _check_min(op, "pads_begin", pads_begin, 0)
-    _check_min(op, "pads_end", pads_end, 0)
-    _check_min(op, "output_padding", output_padding, 0)
-    if groups < 1:
-        msg = f"{op}: groups must be a positive integer; got groups={groups}"
-        raise ValueError(msg)
-    if any(o >= s for o, s in zip(output_padding, strides)):
-        msg = (f"{op}: output_padding must be in [0, stride) per axis; got "
-               f"output_padding={output_padding}, strides={strides}")
-        raise ValueError(msg)
-
-    # ---- weights: given as an array, or as weights_shape -----------------------------------
-    perm = _weights_perm(weights_format, ndim, family)
-    w_role_cb, w_role_ca = ("O", "I") if family == "convolution" else ("I", "O")
-    # Weights one rank above the data: most likely data without its batch axis.
-    read_as = (f"{first}.shape={first_shape} gives {ndim} spatial "
-               f"{'axis' if ndim == 1 else 'axes'}; {no_batch}")
-    if primitive == "backward_weights":
-        w_given = _weights_from_shape_arg(op, weights_shape, ndim, weights_format, read_as)
-    else:
-        w_given = _shape(op, "weights", shapes["weights"])
-        if len(w_given) != ndim + 2:
-            msg = (f"{op}: weights must have rank {ndim + 2} ({weights_format}, matching "
-                   f"{first}.shape={first_shape}); got weights.shape={w_given}"
-                   f"{'; ' + read_as if len(w_given) == ndim + 3 else ''}")
-            raise ValueError(msg)
-    # w_given is a full user-layout shape, or ("spatial", K) for weights_shape=K.
-
-    # ---- channels --------------------------------------------------------------------------
-    meaning = _weights_meaning(family, weights_format)
-    order = ((_large_input(kind), _small_input(kind)) if primitive == "backward_weights"
-             else (first, first))
-
-    def layout_hint() -> str:
-        full_shapes = {name: data[name][3] for name in data}
-        weights = None if w_given[0] == "spatial" else w_given
-        return _layout_hint(family, primitive, full_shapes, order, weights, groups,
-                            data_format, weights_format)
-    if primitive == "backward_weights":
-        large_c = data[_large_input(kind)][1]
-        small_c = data[_small_input(kind)][1]
-        a_channels, b_channels = large_c, small_c
-    elif primitive == "forward":
-        a_channels = data[first][1]
-        b_channels = None
-    else:  # backward_data: only b (the small tensor) is given
-        b_channels = data[first][1]
-        a_channels = None
-
-    if w_given[0] == "spatial":
-        kernel = w_given[1]
-        if a_channels is None or b_channels is None:  # pragma: no cover - not reachable
-            raise AssertionError
-        _check_groups(op, groups, a_channels, b_channels, large_name, small_name,
-                      layout_hint)
-    else:
-        full = w_given
-        kernel = tuple(full[i] for i in perm[2:])
-        w_cb, w_ca = full[perm[0]], full[perm[1]]
-        wname = "weights_shape" if primitive == "backward_weights" else "weights.shape"
-        if w_cb < 1 or w_ca < 1:
-            msg = (f"{op}: {wname}={full} must have at least one channel on each channel "
-                   f"axis ({weights_format} weights are [{meaning}])")
-            raise ValueError(msg)
-        if b_channels is None:
-            b_channels = w_cb
-        if a_channels is None:
-            a_channels = w_ca * groups
-        _check_groups(op, groups, a_channels, b_channels, large_name, small_name,
-                      layout_hint)
-        if family == "convolution":
-            ic, oc = a_channels, b_channels
-        else:
-            ic, oc = b_channels, a_channels
-        wrong = [f"the {role} axis ({what}) must be {want}, got {got}"
-                 for role, what, want, got in (
-                     (w_role_cb, _AXIS_MEANING[family][w_role_cb], b_channels, w_cb),
-                     (w_role_ca, _AXIS_MEANING[family][w_role_ca], a_channels // groups, w_ca))
-                 if want != got]
-        if wrong:
-            msg = (f"{op}: {wname}={full} does not match the data channels: {weights_format} "
-                   f"weights are [{meaning}] and here IC={ic}, OC={oc}, groups={groups}, so "
-                   f"{'; '.join(wrong)}; {layout_hint()}")
-            raise ValueError(msg)
-    if any(k < 1 for k in kernel):
-        msg = f"{op}: kernel sizes must be positive; got kernel spatial sizes {kernel}"
-        raise ValueError(msg)
-    eks = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
-
-    # ---- spatial sizes ---------------------------------------------------------------------
-    batch = data[first][0]
-    if primitive == "forward":
-        a_sp = data[first][2]
-        pb, pe = _resolve_pads(auto_pad, "F" if family == "convolution" else "T", a_sp,
-                               strides, eks, pads_begin, pads_end)
-        b_sp = _forward_size(op, a_sp, strides, eks, pb, pe, large_name)
-        if family == "convolution":
-            opad = (0,) * ndim
-            _no_output_padding(op, output_padding)
-        else:  # conv_transpose_backward_data: output_padding must match what diff_dst implies
-            opad = _implied_output_padding(a_sp, b_sp, strides, eks, pb, pe)
-            _consistent_output_padding(op, output_padding, opad, large_name, a_sp)
-    elif primitive == "backward_weights":
-        (n_a, _, a_sp, a_full), (n_b, _, b_sp_given, b_full) = (
-            data[_large_input(kind)], data[_small_input(kind)])
-        if n_a != n_b:
-            msg = (f"{op}: {_large_input(kind)} and {_small_input(kind)} must have the same "
-                   f"batch size; got {_large_input(kind)}.shape={a_full}, "
-                   f"{_small_input(kind)}.shape={b_full}")
-            raise ValueError(msg)
-        pb, pe = _resolve_pads(auto_pad, "F" if family == "convolution" else "T", a_sp,
-                               strides, eks, pads_begin, pads_end)
-        b_sp = _forward_size(op, a_sp, strides, eks, pb, pe, large_name)
-        if b_sp != b_sp_given:
-            msg = (f"{op}: {small_name} spatial sizes {b_sp_given} do not match the "
-                   f"{'convolution' if family == 'convolution' else 'ConvTranspose'} of "
-                   f"{large_name} spatial sizes {a_sp}, which gives {b_sp} with strides="
-                   f"{strides}, dilations={dilations}, kernel={kernel}, pads_begin={pb}, "
-                   f"pads_end={pe}")
-            raise ValueError(msg)
-        if family == "convolution":
-            opad = (0,) * ndim
-            _no_output_padding(op, output_padding)
-        else:
-            opad = _implied_output_padding(a_sp, b_sp, strides, eks, pb, pe)
-            _consistent_output_padding(op, output_padding, opad, large_name, a_sp)
-    else:  # backward_data: the large size comes from dst_shape or the transposed formula
-        b_sp = data[first][2]
-        if dst_shape is not None:
-            a_sp = _large_from_dst_shape(op, dst_shape, ndim, channels_last, batch,
-                                         a_channels, data_format)
-            pb, pe = _resolve_pads(auto_pad, "F", a_sp, strides, eks, pads_begin, pads_end)
-            _check_dst_shape(op, a_sp, b_sp, strides, eks, pb, pe, auto_pad, small_name)
-            opad = _implied_output_padding(a_sp, b_sp, strides, eks, pb, pe)
-            _consistent_output_padding(op, output_padding, opad, "dst_shape", a_sp)
-        else:
-            pb, pe = _resolve_pads(auto_pad, "T", None, strides, eks, pads_begin, pads_end)
-            a_sp = _transposed_size(op, b_sp, strides, eks, pb, pe, output_padding,
-                                    large_name)
-            opad = output_padding
-
-    # ---- bias ------------------------------------------------------------------------------
-    bias_shape = shapes.get("bias")
-    has_bias = bias_shape is not None
-    if has_bias:
-        bshape = _shape(op, "bias", bias_shape)
-        channels = b_channels if primitive == "forward" else a_channels
-        if bshape != (channels,):
-            msg = (f"{op}: bias must have shape (OC,) = ({channels},), one value per output "
-                   f"channel; got bias.shape={bshape}")
-            raise ValueError(msg)
-
+    data = _read_data(spec, shapes, data_format)
+    nums = _read_numbers(data, attrs, auto_pad)
+    a_channels, b_channels, kernel = _read_weights(data, nums.groups, weights_format,
+                                                   shapes.get("weights"), weights_shape)
+    eks = tuple((k - 1) * d + 1 for k, d in zip(kernel, nums.dilations))
+    size = _transposed_sizes if spec.primitive == "backward_data" else _forward_sizes
+    a_sp, b_sp, pb, pe, opad = size(data, nums, eks, auto_pad, kernel, a_channels, dst_shape)
+    bias = shapes.get("bias")
+    if bias is not None:
+        _check_bias(op, bias, b_channels if spec.primitive == "forward" else a_channels)
     return ConvPlan(
-        op=op, primitive=primitive, batch=batch, a_channels=a_channels,
-        b_channels=b_channels, groups=groups, a_spatial=tuple(a_sp), b_spatial=tuple(b_sp),
-        kernel=tuple(kernel), strides=strides, dilations=dilations, pads_begin=tuple(pb),
-        pads_end=tuple(pe), output_padding=tuple(opad), channels_last=channels_last,
-        weights_perm=perm, data_format=data_format, weights_format=weights_format,
-        has_bias=has_bias,
+        op=op, primitive=spec.primitive, batch=data.batch(data.first), a_channels=a_channels,
+        b_channels=b_channels, groups=nums.groups, a_spatial=a_sp, b_spatial=b_sp,
+        kernel=kernel, strides=nums.strides, dilations=nums.dilations, pads_begin=pb,
+        pads_end=pe, output_padding=opad, channels_last=data.channels_last,
+        weights_perm=_weights_perm(weights_format, data.ndim, spec.family),
+        data_format=data_format, weights_format=weights_format, has_bias=bias is not None,
     )
 
 
-def _large_input(kind: str) -> str:
-    return "src" if kind == "convolution_backward_weights" else "diff_dst"
+def _read_data(spec: OpSpec, shapes, data_format: str) -> _Data:
+    """The data shapes: rank >= 3, one rank for all, a channel and a position per axis."""
+    op = spec.name
+    names = [name for name in ("src", "diff_dst") if shapes.get(name) is not None]
+    first = names[0]
+    first_shape = _shape(op, first, shapes[first])
+    data = _Data(spec, data_format, first, {first: first_shape}, len(first_shape) - 2)
+    if len(first_shape) < 3:
+        msg = (f"{op}: {first} must have rank >= 3 ([N, C, X..] or [N, X.., C], at least one "
+               f"spatial axis); got {first}.shape={first_shape}; {data.no_batch()}")
+        raise ValueError(msg)
+    for name in names:
+        shape = _shape(op, name, shapes[name])
+        if len(shape) != data.ndim + 2:
+            msg = (f"{op}: {name} must have the same rank as {first} ({data.ndim + 2}); got "
+                   f"{first}.shape={first_shape}, {name}.shape={shape}")
+            raise ValueError(msg)
+        data.shapes[name] = shape
+        if data.channels(name) < 1 or any(x < 1 for x in data.spatial(name)):
+            msg = (f"{op}: {name} must have at least one channel and a non-empty spatial "
+                   f"extent ({data_format}); got {name}.shape={shape}")
+            raise ValueError(msg)
+    return data
 
 
-def _small_input(kind: str) -> str:
-    return "diff_dst" if kind == "convolution_backward_weights" else "src"
+def _read_numbers(data: _Data, attrs: Attrs, auto_pad: str) -> _Numbers:
+    """strides, dilations, pads, output_padding and groups, with their ranges."""
+    op, ndim = data.op, data.ndim
+    nums = _Numbers(
+        strides=parse_ints(op, "strides", attrs.strides, ndim),
+        dilations=parse_ints(op, "dilations", attrs.dilations, ndim),
+        pads_begin=_parse_pads(op, "pads_begin", attrs.pads_begin, ndim, auto_pad),
+        pads_end=_parse_pads(op, "pads_end", attrs.pads_end, ndim, auto_pad),
+        output_padding=parse_ints(op, "output_padding", attrs.output_padding, ndim),
+        groups=_as_int(op, "groups", attrs.groups),
+    )
+    for name, lo in (("strides", 1), ("dilations", 1), ("pads_begin", 0), ("pads_end", 0),
+                     ("output_padding", 0)):
+        _check_min(op, name, getattr(nums, name), lo)
+    if nums.groups < 1:
+        msg = f"{op}: groups must be a positive integer; got groups={nums.groups}"
+        raise ValueError(msg)
+    if any(o >= s for o, s in zip(nums.output_padding, nums.strides)):
+        msg = (f"{op}: output_padding must be in [0, stride) per axis; got "
+               f"output_padding={nums.output_padding}, strides={nums.strides}")
+        raise ValueError(msg)
+    return nums
+
+
+def _read_weights(data: _Data, groups: int, weights_format: str, weights, weights_shape):
+    """``(a_channels, b_channels, kernel)`` from the weights (an array's shape, or the
+    ``weights_shape`` of a backward-weights op) and the data channels, checked together."""
+    spec, op, ndim = data.spec, data.op, data.ndim
+    read_as = (f"{data.first}.shape={data.shapes[data.first]} gives {ndim} spatial "
+               f"{'axis' if ndim == 1 else 'axes'}; {data.no_batch()}")
+    if spec.primitive == "backward_weights":
+        given = _weights_from_shape_arg(op, weights_shape, ndim, weights_format, read_as)
+        a_channels, b_channels = data.channels(spec.large), data.channels(spec.small)
+    else:
+        given = _shape(op, "weights", weights)
+        if len(given) != ndim + 2:
+            msg = (f"{op}: weights must have rank {ndim + 2} ({weights_format}, matching "
+                   f"{data.first}.shape={data.shapes[data.first]}); got weights.shape={given}"
+                   f"{'; ' + read_as if len(given) == ndim + 3 else ''}")
+            raise ValueError(msg)
+        a_channels = b_channels = None
+    full = None if given[0] == "spatial" else given
+
+    def layout_hint() -> str:
+        order = ((spec.large, spec.small) if spec.primitive == "backward_weights"
+                 else (data.first, data.first))
+        return _layout_hint(spec.family, spec.primitive, data.shapes, order, full, groups,
+                            data.data_format, weights_format)
+
+    if full is None:
+        kernel = given[1]
+        _check_groups(op, groups, a_channels, b_channels, spec.large, spec.small, layout_hint)
+    else:
+        perm = _weights_perm(weights_format, ndim, spec.family)
+        kernel = tuple(full[i] for i in perm[2:])
+        w_cb, w_ca = full[perm[0]], full[perm[1]]
+        if spec.primitive == "forward":
+            a_channels, b_channels = data.channels(data.first), w_cb
+        elif spec.primitive == "backward_data":
+            a_channels, b_channels = w_ca * groups, data.channels(data.first)
+        _check_weights_channels(data, weights_format, full, (w_cb, w_ca), groups,
+                                (a_channels, b_channels), layout_hint)
+    if any(k < 1 for k in kernel):
+        msg = f"{op}: kernel sizes must be positive; got kernel spatial sizes {kernel}"
+        raise ValueError(msg)
+    return a_channels, b_channels, tuple(kernel)
+
+
+def _check_weights_channels(data: _Data, weights_format, full, w_channels, groups, channels,
+                            layout_hint) -> None:
+    """The weights' two channel axes against the data channels."""
+    spec, op = data.spec, data.op
+    (w_cb, w_ca), (a_channels, b_channels) = w_channels, channels
+    meaning = _weights_meaning(spec.family, weights_format)
+    wname = "weights_shape" if spec.primitive == "backward_weights" else "weights.shape"
+    if w_cb < 1 or w_ca < 1:
+        msg = (f"{op}: {wname}={full} must have at least one channel on each channel "
+               f"axis ({weights_format} weights are [{meaning}])")
+        raise ValueError(msg)
+    _check_groups(op, groups, a_channels, b_channels, spec.large, spec.small, layout_hint)
+    ic, oc = ((a_channels, b_channels) if spec.family == "convolution"
+              else (b_channels, a_channels))
+    role_cb, role_ca = ("O", "I") if spec.family == "convolution" else ("I", "O")
+    axis = _AXIS_MEANING[spec.family]
+    wrong = [f"the {role} axis ({axis[role]}) must be {want}, got {got}"
+             for role, want, got in ((role_cb, b_channels, w_cb),
+                                     (role_ca, a_channels // groups, w_ca))
+             if want != got]
+    if wrong:
+        msg = (f"{op}: {wname}={full} does not match the data channels: {weights_format} "
+               f"weights are [{meaning}] and here IC={ic}, OC={oc}, groups={groups}, so "
+               f"{'; '.join(wrong)}; {layout_hint()}")
+        raise ValueError(msg)
+
+
+def _forward_sizes(data: _Data, nums: _Numbers, eks, auto_pad, kernel, a_channels,
+                   dst_shape):
+    """Forward and backward weights: the large size is given; pads by rule F (Convolution
+    family) or T (ConvTranspose family), the small size follows. ``output_padding`` is refused
+    by the Convolution family and must agree with the sizes in the ConvTranspose family."""
+    del a_channels, dst_shape
+    spec, op = data.spec, data.op
+    a_sp = data.spatial(spec.large)
+    rule = "F" if spec.family == "convolution" else "T"
+    pb, pe = _resolve_pads(auto_pad, rule, a_sp, nums.strides, eks, nums.pads_begin,
+                           nums.pads_end)
+    b_sp = _forward_size(op, a_sp, nums.strides, eks, pb, pe, spec.large)
+    if spec.primitive == "backward_weights":
+        _check_small_given(data, b_sp, nums, kernel, pb, pe)
+    if spec.family == "convolution":
+        _no_output_padding(op, nums.output_padding)
+        return a_sp, b_sp, pb, pe, (0,) * data.ndim
+    opad = _implied_output_padding(a_sp, b_sp, nums.strides, eks, pb, pe)
+    _consistent_output_padding(op, nums.output_padding, opad, spec.large, a_sp)
+    return a_sp, b_sp, pb, pe, opad
+
+
+def _check_small_given(data: _Data, b_sp, nums: _Numbers, kernel, pb, pe) -> None:
+    """A backward-weights op is given both data tensors: batch and sizes must agree."""
+    spec, op = data.spec, data.op
+    large, small = spec.large, spec.small
+    if data.batch(large) != data.batch(small):
+        msg = (f"{op}: {large} and {small} must have the same batch size; got "
+               f"{large}.shape={data.shapes[large]}, {small}.shape={data.shapes[small]}")
+        raise ValueError(msg)
+    if data.spatial(small) != b_sp:
+        what = "convolution" if spec.family == "convolution" else "ConvTranspose"
+        msg = (f"{op}: {small} spatial sizes {data.spatial(small)} do not match the {what} of "
+               f"{large} spatial sizes {data.spatial(large)}, which gives {b_sp} with strides="
+               f"{nums.strides}, dilations={nums.dilations}, kernel={kernel}, pads_begin={pb}, "
+               f"pads_end={pe}")
+        raise ValueError(msg)
+
+
+def _transposed_sizes(data: _Data, nums: _Numbers, eks, auto_pad, kernel, a_channels,
+                      dst_shape):
+    """Backward data: the small size is given; the large size comes from ``dst_shape`` (pads
+    by rule F on it) or from the transposed formula (pads by rule T)."""
+    del kernel
+    spec, op = data.spec, data.op
+    b_sp = data.spatial(spec.small)
+    if dst_shape is None:
+        pb, pe = _resolve_pads(auto_pad, "T", None, nums.strides, eks, nums.pads_begin,
+                               nums.pads_end)
+        a_sp = _transposed_size(op, b_sp, nums.strides, eks, pb, pe, nums.output_padding,
+                                spec.large)
+        return a_sp, b_sp, pb, pe, nums.output_padding
+    a_sp = _large_from_dst_shape(op, dst_shape, data.ndim, data.channels_last,
+                                 data.batch(data.first), a_channels, data.data_format)
+    pb, pe = _resolve_pads(auto_pad, "F", a_sp, nums.strides, eks, nums.pads_begin,
+                           nums.pads_end)
+    _check_dst_shape(op, a_sp, b_sp, nums.strides, eks, pb, pe, auto_pad, spec.small)
+    opad = _implied_output_padding(a_sp, b_sp, nums.strides, eks, pb, pe)
+    _consistent_output_padding(op, nums.output_padding, opad, "dst_shape", a_sp)
+    return a_sp, b_sp, pb, pe, opad
+
+
+def _check_bias(op: str, bias, channels: int) -> None:
+    shape = _shape(op, "bias", bias)
+    if shape != (channels,):
+        msg = (f"{op}: bias must have shape (OC,) = ({channels},), one value per output "
+               f"channel; got bias.shape={shape}")
+        raise ValueError(msg)
 
 
 def _check_groups(op, groups, a_channels, b_channels, large_name, small_name, layout_hint):

@@ -7,6 +7,7 @@ backend, run one of its three primitives.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -22,20 +23,11 @@ from ._backends import (
     restore_type,
 )
 from ._geometry import Attrs, ConvPlan, check_precision, resolve
+from ._optable import OP_TABLE, SHAPE_ARGUMENTS, OpSpec, lookup
+from ._optable import spec as op_spec
 
 IntOrSeq = int | Sequence[int]
 Array = Any
-
-_PRIMITIVE_INPUTS = {
-    # kind -> the primitive's argument roles, by op argument name, in primitive order
-    "convolution": ("src", "weights", "bias"),
-    "convolution_backward_data": ("diff_dst", "weights"),
-    "convolution_backward_weights": ("src", "diff_dst"),
-    "conv_transpose": ("src", "weights", "bias"),
-    "conv_transpose_backward_data": ("diff_dst", "weights"),
-    "conv_transpose_backward_weights": ("diff_dst", "src"),
-}
-
 
 def _alias(op: str, name: str, value, alias: str, alias_value):
     if alias_value is None:
@@ -44,11 +36,6 @@ def _alias(op: str, name: str, value, alias: str, alias_value):
         msg = f"{op}: pass either {name} or its alias {alias}, not both"
         raise TypeError(msg)
     return alias_value
-
-
-def _format(op: str, weights_format, filter_format, default: str):
-    chosen = _alias(op, "weights_format", weights_format, "filter_format", filter_format)
-    return default if chosen is None else chosen
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,46 +120,91 @@ def unexpected_keyword(name: str, key: str, value, accepted: frozenset[str]) -> 
     return f"{msg}; {hint}" if hint else msg
 
 
-def _checked_keywords(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its unknown keywords refused by :func:`unexpected_keyword` (which names
-    the polyconv spelling of PyTorch's, Keras's, JAX's or ONNX's keyword)."""
+def _check_keywords(name: str, kwargs: dict[str, Any], known: frozenset[str]) -> None:
+    """Refuse an unknown keyword with :func:`unexpected_keyword`'s message (which names the
+    polyconv spelling of PyTorch's, Keras's, JAX's or ONNX's keyword)."""
+    for key, value in kwargs.items():
+        if key not in known:
+            raise TypeError(unexpected_keyword(name, key, value, known))
+
+
+@functools.cache
+def _keywords(fn: Callable[..., Any]) -> frozenset[str]:
     params = inspect.signature(fn).parameters
-    known = frozenset(k for k, p in params.items()
-                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    public = frozenset(k for k in known if not k.startswith("_"))
+    return frozenset(k for k, p in params.items()
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """One of the six ops: unknown keywords refused with a hint, the parameters shared by
+    every op documented from the op table."""
+    spec = op_spec(fn.__name__)
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        for key in kwargs:
-            if key not in known:
-                name = kwargs.get("_op", fn.__name__)
-                msg = unexpected_keyword(name, key, kwargs[key], public)
-                raise TypeError(msg)
+        _check_keywords(spec.name, kwargs, _keywords(fn))
         return fn(*args, **kwargs)
 
+    if checked.__doc__:  # None under python -OO
+        common = _COMMON_DOC.format(large=spec.large, wfmt=spec.weights_format)
+        checked.__doc__ = checked.__doc__.replace("{common}", common.strip() + "\n")
     return checked
 
 
-def _plan(kind: str, op: str, shapes: dict, *, strides, pads_begin, pads_end, dilations,
-          auto_pad, output_padding, groups, data_format, weights_format, dst_shape=None,
-          weights_shape=None) -> ConvPlan:
-    attrs = Attrs(strides=strides, pads_begin=pads_begin, pads_end=pads_end,
-                  dilations=dilations, auto_pad=auto_pad, output_padding=output_padding,
-                  groups=groups, data_format=data_format, weights_format=weights_format)
-    return resolve(kind, op, shapes, attrs, dst_shape=dst_shape, weights_shape=weights_shape)
+_ALIASES = (("dst_shape", "output_shape"), ("weights_shape", "filter_shape"),
+            ("weights_format", "filter_format"))
+_ATTRIBUTES = tuple(f.name for f in dataclasses.fields(Attrs))
 
 
-def _run(kind: str, op: str, arrays: dict[str, Any], backend, precision, **attrs):
-    present = {name: x for name, x in arrays.items() if x is not None}
+def _prepare(spec: OpSpec, arguments: dict[str, Any]):
+    """A call's bound arguments (arrays, or shapes for :func:`infer_shape`) as the inputs by
+    name, the attributes and the two shape arguments, older-spec aliases merged."""
+    args = dict(arguments)
+    for name, alias in _ALIASES:
+        args[name] = _alias(spec.name, name, args.get(name), alias, args.pop(alias, None))
+    if args["weights_format"] is None:
+        args["weights_format"] = spec.weights_format
+    inputs = {name: args.get(name) for name in ("src", "diff_dst", "weights", "bias")}
+    attrs = Attrs(**{key: args[key] for key in _ATTRIBUTES if key in args})
+    return inputs, attrs, args["dst_shape"], args["weights_shape"]
+
+
+def _call(spec: OpSpec, arguments: dict[str, Any]) -> Array:
+    """Run op ``spec`` on its bound arguments: check the arrays, resolve the plan, pick the
+    backend, run its primitive."""
+    op = spec.name
+    inputs, attrs, dst_shape, weights_shape = _prepare(spec, arguments)
+    present = {name: x for name, x in inputs.items() if x is not None}
     dtype = check_arrays(op, present)
     check_one_library(op, present)
+    backend = arguments["backend"]
     impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
     shapes = {name: tuple(x.shape) for name, x in present.items()}
-    plan = _plan(kind, op, shapes, **attrs).with_(dtype=dtype, precision=precision)
+    precision = arguments["precision"]
+    plan = resolve(spec, shapes, attrs, dst_shape=dst_shape, weights_shape=weights_shape)
+    plan = plan.with_(dtype=dtype, precision=precision)
     check_precision(op, precision)
-    args = [arrays[name] for name in _PRIMITIVE_INPUTS[kind]]
-    out = getattr(impl, plan.primitive)(plan, *args)
+    out = getattr(impl, plan.primitive)(plan, *(inputs[name] for name in spec.arrays))
     return restore_type(out, next(iter(present.values())))
+
+
+def _bound(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``args`` and ``kwargs`` bound to the parameters of the function ``spec`` computes,
+    defaults applied (for the older-spec aliases and for :func:`infer_shape`)."""
+    fn = globals()[spec.kind].__wrapped__
+    _check_keywords(spec.name, kwargs, _keywords(fn))
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{spec.name}() {e}") from None
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _call_as(name: str, *args, **kwargs) -> Array:
+    """An older-spec alias: the function it names, under its own name."""
+    spec = op_spec(name)
+    return _call(spec, _bound(spec, args, kwargs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,7 +234,7 @@ _COMMON_DOC = """
 """
 
 
-@_checked_keywords
+@_public
 def convolution(src: Array, weights: Array, bias: Array | None = None, *,
                 strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0, pads_end: IntOrSeq = 0,
                 dilations: IntOrSeq = 1, auto_pad: str | None = "none", groups: int = 1,
@@ -237,15 +269,10 @@ def convolution(src: Array, weights: Array, bias: Array | None = None, *,
     >>> polyconv.convolution(x, w, auto_pad="same_upper").shape
     (1, 5, 5, 4)
     """
-    op = "convolution"
-    return _run(op, op, {"src": src, "weights": weights, "bias": bias}, backend, precision,
-                strides=strides, pads_begin=pads_begin, pads_end=pads_end,
-                dilations=dilations, auto_pad=auto_pad, output_padding=0, groups=groups,
-                data_format=data_format,
-                weights_format=_format(op, weights_format, filter_format, "XIO"))
+    return _call(op_spec("convolution"), locals())  # exactly the parameters
 
 
-@_checked_keywords
+@_public
 def convolution_backward_data(diff_dst: Array, weights: Array,
                               dst_shape: Sequence[int] | None = None, *,
                               strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0,
@@ -254,8 +281,7 @@ def convolution_backward_data(diff_dst: Array, weights: Array,
                               groups: int = 1, data_format: str = "NXC",
                               weights_format: str | None = None, backend: str | None = None,
                               precision: Any = None, output_shape: Sequence[int] | None = None,
-                              filter_format: str | None = None,
-                              _op: str = "convolution_backward_data") -> Array:
+                              filter_format: str | None = None) -> Array:
     """Gradient of :func:`convolution` with respect to ``src`` (``ConvolutionBackwardData``).
 
     The exact adjoint of the convolution with the same attributes. Without ``dst_shape`` the
@@ -287,16 +313,10 @@ def convolution_backward_data(diff_dst: Array, weights: Array,
     >>> polyconv.convolution_backward_data(dy, w, strides=2, output_padding=1).shape
     (1, 8, 8, 2)
     """
-    dst_shape = _alias(_op, "dst_shape", dst_shape, "output_shape", output_shape)
-    return _run("convolution_backward_data", _op, {"diff_dst": diff_dst, "weights": weights},
-                backend, precision, strides=strides, pads_begin=pads_begin,
-                pads_end=pads_end, dilations=dilations, auto_pad=auto_pad,
-                output_padding=output_padding, groups=groups, data_format=data_format,
-                weights_format=_format(_op, weights_format, filter_format, "XIO"),
-                dst_shape=dst_shape)
+    return _call(op_spec("convolution_backward_data"), locals())  # exactly the parameters
 
 
-@_checked_keywords
+@_public
 def convolution_backward_weights(src: Array, diff_dst: Array,
                                  weights_shape: Sequence[int] | None = None, *,
                                  strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0,
@@ -305,8 +325,7 @@ def convolution_backward_weights(src: Array, diff_dst: Array,
                                  data_format: str = "NXC", weights_format: str | None = None,
                                  backend: str | None = None, precision: Any = None,
                                  filter_shape: Sequence[int] | None = None,
-                                 filter_format: str | None = None,
-                                 _op: str = "convolution_backward_weights") -> Array:
+                                 filter_format: str | None = None) -> Array:
     """Gradient of :func:`convolution` with respect to ``weights``.
 
     Parameters
@@ -333,16 +352,10 @@ def convolution_backward_weights(src: Array, diff_dst: Array,
     >>> polyconv.convolution_backward_weights(x, dy, (3, 3)).shape
     (3, 3, 3, 8)
     """
-    weights_shape = _alias(_op, "weights_shape", weights_shape, "filter_shape", filter_shape)
-    return _run("convolution_backward_weights", _op, {"src": src, "diff_dst": diff_dst},
-                backend, precision, strides=strides, pads_begin=pads_begin,
-                pads_end=pads_end, dilations=dilations, auto_pad=auto_pad, output_padding=0,
-                groups=groups, data_format=data_format,
-                weights_format=_format(_op, weights_format, filter_format, "XIO"),
-                weights_shape=weights_shape)
+    return _call(op_spec("convolution_backward_weights"), locals())  # exactly the parameters
 
 
-@_checked_keywords
+@_public
 def conv_transpose(src: Array, weights: Array, bias: Array | None = None, *,
                    strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0, pads_end: IntOrSeq = 0,
                    dilations: IntOrSeq = 1, auto_pad: str | None = "none",
@@ -386,17 +399,10 @@ def conv_transpose(src: Array, weights: Array, bias: Array | None = None, *,
     ...                         output_padding=1).shape
     (1, 8, 8, 2)
     """
-    op = "conv_transpose"
-    dst_shape = _alias(op, "dst_shape", dst_shape, "output_shape", output_shape)
-    return _run(op, op, {"src": src, "weights": weights, "bias": bias}, backend, precision,
-                strides=strides, pads_begin=pads_begin, pads_end=pads_end,
-                dilations=dilations, auto_pad=auto_pad, output_padding=output_padding,
-                groups=groups, data_format=data_format,
-                weights_format=_format(op, weights_format, filter_format, "XOI"),
-                dst_shape=dst_shape)
+    return _call(op_spec("conv_transpose"), locals())  # exactly the parameters
 
 
-@_checked_keywords
+@_public
 def conv_transpose_backward_data(diff_dst: Array, weights: Array, *, strides: IntOrSeq = 1,
                                  pads_begin: IntOrSeq = 0, pads_end: IntOrSeq = 0,
                                  dilations: IntOrSeq = 1, auto_pad: str | None = "none",
@@ -431,15 +437,10 @@ def conv_transpose_backward_data(diff_dst: Array, weights: Array, *, strides: In
     ...                                       pads_end=1, output_padding=1).shape
     (1, 4, 4, 8)
     """
-    op = "conv_transpose_backward_data"
-    return _run(op, op, {"diff_dst": diff_dst, "weights": weights}, backend, precision,
-                strides=strides, pads_begin=pads_begin, pads_end=pads_end,
-                dilations=dilations, auto_pad=auto_pad, output_padding=output_padding,
-                groups=groups, data_format=data_format,
-                weights_format=_format(op, weights_format, filter_format, "XOI"))
+    return _call(op_spec("conv_transpose_backward_data"), locals())  # exactly the parameters
 
 
-@_checked_keywords
+@_public
 def conv_transpose_backward_weights(src: Array, diff_dst: Array,
                                     weights_shape: Sequence[int] | None = None, *,
                                     strides: IntOrSeq = 1, pads_begin: IntOrSeq = 0,
@@ -450,9 +451,7 @@ def conv_transpose_backward_weights(src: Array, diff_dst: Array,
                                     weights_format: str | None = None,
                                     backend: str | None = None, precision: Any = None,
                                     filter_shape: Sequence[int] | None = None,
-                                    filter_format: str | None = None,
-                                    _op: str = "conv_transpose_backward_weights",
-                                    _default_format: str = "XOI") -> Array:
+                                    filter_format: str | None = None) -> Array:
     """Gradient of :func:`conv_transpose` with respect to ``weights``.
 
     Parameters
@@ -480,13 +479,7 @@ def conv_transpose_backward_weights(src: Array, diff_dst: Array,
     ...                                          pads_end=1, output_padding=1).shape
     (3, 3, 2, 8)
     """
-    weights_shape = _alias(_op, "weights_shape", weights_shape, "filter_shape", filter_shape)
-    return _run("conv_transpose_backward_weights", _op, {"src": src, "diff_dst": diff_dst},
-                backend, precision, strides=strides, pads_begin=pads_begin,
-                pads_end=pads_end, dilations=dilations, auto_pad=auto_pad,
-                output_padding=output_padding, groups=groups, data_format=data_format,
-                weights_format=_format(_op, weights_format, filter_format, _default_format),
-                weights_shape=weights_shape)
+    return _call(op_spec("conv_transpose_backward_weights"), locals())  # exactly the parameters
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,10 +493,8 @@ def convolution_backprop_data(diff_dst: Array, weights: Array,
 
     Accepts ``output_shape`` (= ``dst_shape``) and ``filter_format`` (= ``weights_format``).
     """
-    if output_shape is not None:
-        attrs["output_shape"] = output_shape
-    return convolution_backward_data(diff_dst, weights, _op="convolution_backprop_data",
-                                      **attrs)
+    return _call_as("convolution_backprop_data", diff_dst, weights, output_shape=output_shape,
+                    **attrs)
 
 
 def convolution_backprop_filters(src: Array, diff_dst: Array,
@@ -512,10 +503,8 @@ def convolution_backprop_filters(src: Array, diff_dst: Array,
 
     Accepts ``filter_shape`` (= ``weights_shape``) and ``filter_format``.
     """
-    if filter_shape is not None:
-        attrs["filter_shape"] = filter_shape
-    return convolution_backward_weights(src, diff_dst, _op="convolution_backprop_filters",
-                                        **attrs)
+    return _call_as("convolution_backprop_filters", src, diff_dst, filter_shape=filter_shape,
+                    **attrs)
 
 
 def conv_transpose_backprop_filters(src: Array, diff_dst: Array,
@@ -527,21 +516,8 @@ def conv_transpose_backprop_filters(src: Array, diff_dst: Array,
     ``filter_format`` is ``"XIO"`` (``[K.., IC, OC/G]``: I is the ConvTranspose's input
     channels, O its output channels per group).
     """
-    if filter_shape is not None:
-        attrs["filter_shape"] = filter_shape
-    return conv_transpose_backward_weights(src, diff_dst, _op="conv_transpose_backprop_filters",
-                                           _default_format="XIO", **attrs)
-
-
-for _f, _large, _wfmt in (
-    (convolution, "src", "XIO"), (convolution_backward_data, "diff_src", "XIO"),
-    (convolution_backward_weights, "src", "XIO"), (conv_transpose, "dst", "XOI"),
-    (conv_transpose_backward_data, "diff_dst", "XOI"),
-    (conv_transpose_backward_weights, "diff_dst", "XOI"),
-):
-    if _f.__doc__:  # None under python -OO
-        _f.__doc__ = _f.__doc__.replace(
-            "{common}", _COMMON_DOC.format(large=_large, wfmt=_wfmt).strip() + "\n")
+    return _call_as("conv_transpose_backprop_filters", src, diff_dst, filter_shape=filter_shape,
+                    **attrs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -549,55 +525,13 @@ for _f, _large, _wfmt in (
 # --------------------------------------------------------------------------------------------
 
 OPS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType({
-    "Convolution": convolution,
-    "ConvolutionBackwardData": convolution_backward_data,
-    "ConvolutionBackwardWeights": convolution_backward_weights,
-    "ConvTranspose": conv_transpose,
-    "ConvTransposeBackwardData": conv_transpose_backward_data,
-    "ConvTransposeBackwardWeights": conv_transpose_backward_weights,
-    "ConvolutionBackpropData": convolution_backprop_data,
-    "ConvolutionBackpropData-1": convolution_backprop_data,
-    "ConvolutionBackpropFilters": convolution_backprop_filters,
-    "ConvolutionBackpropFilters-1": convolution_backprop_filters,
-    "ConvTransposeBackpropFilters": conv_transpose_backprop_filters,
-    "ConvTransposeBackpropFilters-1": conv_transpose_backprop_filters,
-})
+    name: globals()[spec.name] for spec in OP_TABLE for name in spec.ops_names})
 """Every op name (oneDNN Graph names and older-spec names, with and without ``-1``) -> function."""
 
-# function name -> (kind, positional shape arguments, default weights_format)
-_SHAPE_SIGNATURES: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "convolution": ("convolution", ("src", "weights", "bias"), "XIO"),
-    "convolution_backward_data": ("convolution_backward_data",
-                                  ("diff_dst", "weights", "dst_shape"), "XIO"),
-    "convolution_backprop_data": ("convolution_backward_data",
-                                  ("diff_dst", "weights", "dst_shape"), "XIO"),
-    "convolution_backward_weights": ("convolution_backward_weights",
-                                     ("src", "diff_dst", "weights_shape"), "XIO"),
-    "convolution_backprop_filters": ("convolution_backward_weights",
-                                     ("src", "diff_dst", "weights_shape"), "XIO"),
-    "conv_transpose": ("conv_transpose", ("src", "weights", "bias"), "XOI"),
-    "conv_transpose_backward_data": ("conv_transpose_backward_data",
-                                     ("diff_dst", "weights"), "XOI"),
-    "conv_transpose_backward_weights": ("conv_transpose_backward_weights",
-                                        ("src", "diff_dst", "weights_shape"), "XOI"),
-    "conv_transpose_backprop_filters": ("conv_transpose_backward_weights",
-                                        ("src", "diff_dst", "weights_shape"), "XIO"),
-}
 
-_COMMON_KEYWORDS = frozenset({"strides", "pads_begin", "pads_end", "dilations", "auto_pad",
-                              "groups", "data_format", "weights_format", "filter_format",
-                              "backend", "precision"})
-_KIND_KEYWORDS = {
-    "convolution": frozenset(),
-    "convolution_backward_data": frozenset({"output_padding", "dst_shape", "output_shape"}),
-    "convolution_backward_weights": frozenset({"weights_shape", "filter_shape"}),
-    "conv_transpose": frozenset({"output_padding", "dst_shape", "output_shape"}),
-    "conv_transpose_backward_data": frozenset({"output_padding"}),
-    "conv_transpose_backward_weights": frozenset({"output_padding", "weights_shape",
-                                                  "filter_shape"}),
-}
-_ATTR_DEFAULTS = {"strides": 1, "pads_begin": 0, "pads_end": 0, "dilations": 1,
-                  "auto_pad": "none", "output_padding": 0, "groups": 1, "data_format": "NXC"}
+#: function name -> (kind, positional inputs, default weights_format); read by the command
+#: line and compare until they take records from the op table themselves
+_SHAPE_SIGNATURES = {s.name: (s.kind, s.positional, s.weights_format) for s in OP_TABLE}
 
 
 def infer_shape(op: str | Callable[..., Any], *input_shapes: Sequence[int] | None,
@@ -631,38 +565,16 @@ def infer_shape(op: str | Callable[..., Any], *input_shapes: Sequence[int] | Non
     >>> r.shape, r.pads_begin, r.pads_end
     ((8, 65, 65, 64), (0, 0), (1, 1))
     """
-    fn = OPS.get(op, globals().get(op)) if isinstance(op, str) else op
-    name = getattr(fn, "__name__", None)
-    if name not in _SHAPE_SIGNATURES or globals().get(name) is not fn:
-        msg = (f"infer_shape: unknown op {op!r}; known ops are "
-               f"{', '.join(map(repr, OPS))} (or the polyconv function names)")
-        raise ValueError(msg)
-    kind, positional, default_format = _SHAPE_SIGNATURES[name]
-    if len(input_shapes) > len(positional):
-        msg = (f"{name}() takes at most {len(positional)} positional inputs "
-               f"({', '.join(positional)}); got {len(input_shapes)}")
+    spec = lookup(op, who="infer_shape")
+    if len(input_shapes) > len(spec.positional):
+        msg = (f"{spec.name}() takes at most {len(spec.positional)} positional inputs "
+               f"({', '.join(spec.positional)}); got {len(input_shapes)}")
         raise TypeError(msg)
-    allowed = _COMMON_KEYWORDS | _KIND_KEYWORDS[kind]
-    for key, value in attrs.items():
-        if key not in allowed:
-            msg = unexpected_keyword(name, key, value, allowed | set(positional))
+    arguments = _bound(spec, input_shapes, attrs)
+    for required in spec.positional:
+        if required not in (*SHAPE_ARGUMENTS, "bias") and arguments.get(required) is None:
+            msg = f"{spec.name}() missing the shape of required input {required!r}"
             raise TypeError(msg)
-    shapes = dict(zip(positional, input_shapes))
-    for key, alias in (("dst_shape", "output_shape"), ("weights_shape", "filter_shape")):
-        value = shapes.pop(key, None)
-        if value is not None and attrs.get(key) is not None:
-            msg = f"{name}() got multiple values for argument {key!r}"
-            raise TypeError(msg)
-        value = _alias(name, key, attrs.pop(key, value), alias, attrs.pop(alias, None))
-        if value is not None:
-            attrs[key] = value
-    attrs["weights_format"] = _format(name, attrs.get("weights_format"),
-                                      attrs.pop("filter_format", None), default_format)
-    attrs.pop("backend", None)
-    attrs.pop("precision", None)
-    present = {k: v for k, v in shapes.items() if v is not None}
-    for required in positional:
-        if required not in ("bias", "dst_shape", "weights_shape") and required not in present:
-            msg = f"{name}() missing the shape of required input {required!r}"
-            raise TypeError(msg)
-    return _plan(kind, name, present, **{**_ATTR_DEFAULTS, **attrs})
+    shapes, attrs, dst_shape, weights_shape = _prepare(spec, arguments)
+    present = {name: shape for name, shape in shapes.items() if shape is not None}
+    return resolve(spec, present, attrs, dst_shape=dst_shape, weights_shape=weights_shape)
