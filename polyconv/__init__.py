@@ -8,7 +8,14 @@ once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`. :func:`compa
 on every backend against a float64 reference.
 """
 
-from ._backends import Backend, available_backends, get_backend, registered_backends
+from ._backends import (
+    Backend,
+    BackendHooks,
+    Samples,
+    available_backends,
+    get_backend,
+    registered_backends,
+)
 from ._geometry import AUTO_PADS, DATA_FORMATS, WEIGHTS_FORMATS, ConvPlan
 from ._ops import (
     OPS,
@@ -32,9 +39,11 @@ __all__ = [
     "OPS",
     "WEIGHTS_FORMATS",
     "Backend",
+    "BackendHooks",
     "BackendResult",
     "Comparison",
     "ConvPlan",
+    "Samples",
     "available_backends",
     "compare",
     "conv_transpose",

@@ -12,10 +12,12 @@ and array-api-compat do. There is no process-global backend switch: each call pi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Protocol, runtime_checkable
 
 from ._geometry import ConvPlan
@@ -31,6 +33,7 @@ class Backend(Protocol):
     weights format, whose canonical order is ``plan.weights_perm``). Each primitive returns the
     output in the user's layout and dtype ``plan.dtype``, accumulating in ``plan.acc_dtype`` with
     one rounding at the end (bias included before that rounding). Inputs are never modified.
+    A backend may also state facts about itself: see :class:`BackendHooks`.
     """
 
     name: str
@@ -43,6 +46,61 @@ class Backend(Protocol):
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> Any:
         """``a``, ``b`` -> weights in the user's ``weights_format``."""
+
+
+class BackendHooks:
+    """Optional facts a backend object may state about itself (looked up with ``getattr``;
+    a backend without them gets the defaults shown). With them an entry-point backend is a
+    first-class citizen: inferred for its arrays, listed by ``polyconv backends``, fed its own
+    arrays by :func:`polyconv.compare`.
+
+    Attributes
+    ----------
+    libraries : tuple of str, default ()
+        Top-level modules of the array types the backend owns (``("torch",)``): calls on such
+        arrays pick it when no ``backend=`` is given. Built-in backends state this in their
+        registry entry too, so that dispatch need not import them.
+    concretization_errors : tuple of exception types, default ()
+        What the backend's library raises when a traced value is made concrete (JAX under
+        ``jax.jit``): the op then says that geometry arguments must be static.
+    """
+
+    libraries: tuple[str, ...] = ()
+    concretization_errors: tuple[type[BaseException], ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """``{"versions": {distribution: version}, "devices": str}`` for ``polyconv
+        backends``; the versions of the registry entry's requirements are added by the core."""
+        return {"versions": {}, "devices": "those of the input arrays"}
+
+    def samples(self, dtype: str) -> Samples:
+        """How :func:`polyconv.compare` gives this backend its inputs in ``dtype``."""
+        return NUMPY_SAMPLES
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A backend's sample inputs for :func:`polyconv.compare`.
+
+    ``label`` names the arrays in reports (``"jax.numpy"``, ``"torch cpu (oneDNN 3.7)"``);
+    ``asarray`` turns a numpy array (``ml_dtypes.bfloat16`` for bfloat16) into one of them;
+    the call runs inside ``context()`` (JAX's 64-bit mode, for example); ``to_numpy`` turns
+    a result back into a float64 numpy array.
+    """
+
+    label: str
+    asarray: Callable[[Any], Any]
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    to_numpy: Callable[[Any], Any] | None = None
+
+
+def _numpy_copy(x: Any) -> Any:
+    import numpy as np
+
+    return np.array(x, copy=True)
+
+
+NUMPY_SAMPLES = Samples("numpy", _numpy_copy)
 
 
 def _library(x: Any) -> str:
@@ -69,6 +127,9 @@ _BUILTIN: dict[str, BackendEntry] = {
                         "lowered to jax.lax.conv_general_dilated", ("jax",)),
     "array_api": BackendEntry("array_api", "polyconv_array_api", ("array_api_compat",),
                               "any array-API namespace through array-api-compat"),
+    "torch": BackendEntry("torch", "polyconv_torch", ("torch",),
+                          "native PyTorch convolutions (oneDNN on CPU, cuDNN on CUDA)",
+                          ("torch",)),
 }
 
 
@@ -82,6 +143,11 @@ def _entry_points() -> dict[str, Any]:
 
 def _installed(entry: BackendEntry) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in (entry.module, *entry.requires))
+
+
+@cache
+def _installed_once(entry: BackendEntry) -> bool:
+    return _installed(entry)
 
 
 def registered_backends() -> tuple[str, ...]:
@@ -151,7 +217,10 @@ def infer_backend(op: str, arrays: dict[str, Any]) -> str:
     """Pick the backend from the input arrays (of one library, see ``check_one_library``)."""
     lib = check_one_library(op, arrays)
     for name, entry in _BUILTIN.items():
-        if lib in entry.libraries:
+        if lib in entry.libraries and _installed_once(entry):
+            return name
+    for name in _entry_points():  # imported only for arrays no built-in backend owns
+        if lib in getattr(get_backend(name, op), "libraries", ()):
             return name
     # Any other array library: the generic array-API backend, if the namespace is known.
     x = next(iter(arrays.values()))
@@ -212,3 +281,44 @@ def restore_type(result: Any, like: Any) -> Any:
     xp = array_api_compat.array_namespace(like)
     return xp.asarray(result, device=array_api_compat.device(like))
 
+
+
+# --------------------------------------------------------------------------------------------
+# what backends say about themselves (BackendHooks)
+# --------------------------------------------------------------------------------------------
+
+
+def describe_backend(name: str) -> dict[str, Any]:
+    """Name, availability, module, description, versions and devices of one registered
+    backend (devices ``None`` where it is not available)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    entry = _BUILTIN.get(name)
+    if entry is not None:
+        module, description, requires = entry.module, entry.description, entry.requires
+        available = _installed(entry)
+    else:
+        module, description, requires = _entry_points()[name].value, "third-party", ()
+        available = True
+    versions: dict[str, str] = {}
+    for dist in requires:
+        with contextlib.suppress(PackageNotFoundError):
+            versions[dist] = version(dist)
+    devices = None
+    if available:
+        try:
+            hook = getattr(get_backend(name), "describe", None)
+            facts = hook() if hook is not None else {"devices": "those of the input arrays"}
+            versions.update(facts.get("versions", {}))
+            devices = facts.get("devices")
+        except Exception as exc:  # a broken install must not break the listing
+            devices = f"unavailable ({type(exc).__name__}: {exc})"
+    return {"name": name, "available": available, "module": module,
+            "description": description, "versions": versions, "devices": devices}
+
+
+def backend_samples(name: str, dtype: str) -> Samples:
+    """How :func:`polyconv.compare` feeds backend ``name`` (its ``samples`` hook, or numpy)."""
+    backend = get_backend(name)
+    hook = getattr(backend, "samples", None)
+    return hook(dtype) if hook is not None else NUMPY_SAMPLES

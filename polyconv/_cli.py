@@ -264,55 +264,12 @@ def cmd_shape(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-def _jax_devices() -> str:
-    try:
-        import jax
-
-        return ", ".join(str(d) for d in jax.devices())
-    except Exception as exc:  # a broken jax install should not break the listing
-        return f"unavailable ({type(exc).__name__}: {exc})"
-
-
 def backend_info() -> list[dict[str, Any]]:
-    """One dict per registered backend: name, available, module, versions, devices."""
-    import importlib.util
+    """One dict per registered backend: name, available, module, description, versions,
+    devices (each backend describes itself: :class:`polyconv.BackendHooks`)."""
+    from ._backends import describe_backend, registered_backends
 
-    from ._backends import _BUILTIN, _entry_points, available_backends, registered_backends
-
-    available = set(available_backends())
-    out = []
-    for name in registered_backends():
-        entry = _BUILTIN.get(name)
-        if entry is not None:
-            libs = list(entry.requires)
-            if name == "array_api":
-                libs += [m for m in ("array_api_strict", "torch")
-                         if importlib.util.find_spec(m) is not None]
-            if name == "jax":
-                libs.append("jaxlib")
-            module, description = entry.module, entry.description
-        else:
-            ep = _entry_points()[name]
-            libs, module, description = [], ep.value, "third-party (entry point)"
-        versions = {lib: v for lib in libs if (v := _version(lib)) is not None}
-        if name == "numpy" or (name == "array_api" and name in available):
-            devices = "cpu (host memory)" if name == "numpy" else "those of the input arrays"
-        elif name == "jax" and name in available:
-            devices = _jax_devices()
-        else:
-            devices = None
-        out.append({"name": name, "available": name in available, "module": module,
-                    "description": description, "versions": versions, "devices": devices})
-    return out
+    return [describe_backend(name) for name in registered_backends()]
 
 
 def _shape_inputs(name: str, given: dict[str, Any], attrs: dict[str, Any]):

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backends import check_arrays, dtype_name, get_backend
+from ._backends import backend_samples, check_arrays, dtype_name, get_backend
 from ._ops import _SHAPE_SIGNATURES, OPS, infer_shape
 
 __all__ = ["BackendResult", "Comparison", "compare"]
@@ -365,14 +365,16 @@ def _backend_names(backends: str | Sequence[str] | None) -> list[str]:
 
 def _run_backend(fn, backend: str, dtype: str, shape: tuple[int, ...], call_args,
                  attrs: dict[str, Any], y_exact: np.ndarray, bound: np.ndarray) -> BackendResult:
-    library, to_backend, context = _library_for(backend, dtype)
+    samples = backend_samples(backend, dtype)
+    library, to_backend, context = samples.label, samples.asarray, samples.context
+    to_numpy = samples.to_numpy or _numpy_f64
 
     def timed_call(args):
         t0 = time.perf_counter()
         y = fn(*args, backend=backend, **attrs)
         if hasattr(y, "block_until_ready"):
             y.block_until_ready()
-        y_np = _numpy_f64(y)
+        y_np = to_numpy(y)
         return y, y_np, time.perf_counter() - t0
 
     first = 0.0
@@ -415,35 +417,10 @@ def _errors(y: np.ndarray, y_exact: np.ndarray, bound: np.ndarray) -> tuple[floa
     return float(diff.max()), float(ratio.max())
 
 
-def _library_for(backend: str, dtype: str):
-    """(label, numpy -> backend array, context manager) for a backend and dtype."""
-    import contextlib
-
-    if backend == "jax":
-        import jax
-        import jax.numpy as jnp
-
-        context = contextlib.nullcontext
-        if dtype == "float64" and not jax.config.jax_enable_x64:
-            def context():
-                return jax.enable_x64(True)
-        return "jax.numpy", jnp.asarray, context
-    if backend == "array_api" and dtype in ("float32", "float64"):
-        try:
-            import array_api_strict
-        except ImportError:
-            pass
-        else:
-            return "array_api_strict", array_api_strict.asarray, contextlib.nullcontext
-    return "numpy", np.array, contextlib.nullcontext
-
-
 def _numpy_f64(y: Any) -> np.ndarray:
     """Any backend's array as a float64 numpy array."""
     if isinstance(y, np.ndarray):
         return y.astype(np.float64)
-    if type(y).__module__.split(".", 1)[0] == "array_api_strict":
-        return np.from_dlpack(y).astype(np.float64)
     return np.asarray(y).astype(np.float64)
 
 

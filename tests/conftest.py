@@ -92,6 +92,7 @@ TARGETS: tuple[Target, ...] = (
     Target("array_api-jax", "array_api", "jax.numpy"),
     Target("array_api-torch", "array_api", "torch", ("float32", "float16", "bfloat16",
                                                       "float64")),
+    Target("torch", "torch", "torch"),
 )
 
 

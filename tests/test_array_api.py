@@ -102,7 +102,7 @@ LIBS = (
         _strict_devices),
     Lib("numpy", "numpy", DTYPES, True),
     Lib("jax", "jax.numpy", DTYPES, True, expensive=True),
-    Lib("torch", "torch", DTYPES, False, lambda xp: ["cpu", "meta"]),
+    Lib("torch", "torch", DTYPES, True, lambda xp: ["cpu", "meta"]),
 )
 
 
@@ -406,10 +406,10 @@ class _NotAnArray:
 
 
 def test_dispatch_by_library(lib):
-    """numpy and JAX arrays go to their own backends, every other array-API library to
-    array_api, also with no ``backend=`` given."""
+    """numpy, JAX and torch arrays go to their own backends, every other array-API library
+    to array_api, also with no ``backend=`` given."""
     x = lib.asarray(np.zeros((1, 4, 2), np.float32))
-    expected = {"numpy": "numpy", "jax": "jax"}.get(lib.name, "array_api")
+    expected = {"numpy": "numpy", "jax": "jax", "torch": "torch"}.get(lib.name, "array_api")
     assert infer_backend("convolution", {"src": x}) == expected
     if lib.dedicated:
         return

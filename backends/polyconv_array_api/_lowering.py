@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import array_api_compat
 
 if TYPE_CHECKING:
+    from polyconv import Samples
     from polyconv._geometry import ConvPlan
 
 _ALL = slice(None)
@@ -205,6 +206,36 @@ class ArrayAPIBackend:
 
     def __repr__(self) -> str:
         return "<polyconv backend 'array_api'>"
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``polyconv backends`` (see :class:`polyconv.BackendHooks`): the versions
+        of the array-API libraries installed here that the tests feed it."""
+        import importlib.util
+        from importlib.metadata import PackageNotFoundError, version
+
+        versions = {}
+        for dist in ("array_api_strict", "torch"):
+            if importlib.util.find_spec(dist) is not None:
+                with contextlib.suppress(PackageNotFoundError):
+                    versions[dist] = version(dist)
+        return {"versions": versions, "devices": "those of the input arrays"}
+
+    def samples(self, dtype: str) -> Samples:
+        """array-api-strict arrays (float32/float64, when installed) for
+        :func:`polyconv.compare`, else numpy arrays."""
+        import importlib.util
+
+        from polyconv import Samples
+
+        if dtype in ("float32", "float64") and importlib.util.find_spec("array_api_strict"):
+            import array_api_strict
+            import numpy as np
+
+            return Samples("array_api_strict", array_api_strict.asarray,
+                           to_numpy=lambda y: np.from_dlpack(y).astype(np.float64))
+        from polyconv._backends import NUMPY_SAMPLES
+
+        return NUMPY_SAMPLES
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> Any:
         """``a`` ``[N, Ca, A..]``, weights -> ``b`` ``[N, Cb, B..]`` (+ bias over Cb)."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyconv import ConvPlan
+from polyconv import ConvPlan, Samples
 
 from . import _primitives
 from ._choice import LOWERINGS, autotune, force_lowering, measured_choices
@@ -49,6 +49,35 @@ class JaxBackend:
     :class:`polyconv.Backend`)."""
 
     name = "jax"
+    libraries = ("jax",)
+
+    @property
+    def concretization_errors(self) -> tuple[type[BaseException], ...]:
+        import jax
+
+        return (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``polyconv backends`` (see :class:`polyconv.BackendHooks`)."""
+        from importlib.metadata import version
+
+        import jax
+
+        return {"versions": {"jaxlib": version("jaxlib")},
+                "devices": ", ".join(str(d) for d in jax.devices())}
+
+    def samples(self, dtype: str) -> Samples:
+        """JAX arrays for :func:`polyconv.compare`, in 64-bit mode for float64."""
+        import contextlib
+
+        import jax
+        import jax.numpy as jnp
+
+        context = contextlib.nullcontext
+        if dtype == "float64" and not jax.config.jax_enable_x64:
+            def context():
+                return jax.enable_x64(True)
+        return Samples("jax.numpy", jnp.asarray, context)
 
     @staticmethod
     def _static(plan: ConvPlan, *arrays):

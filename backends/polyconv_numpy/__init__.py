@@ -41,6 +41,11 @@ class NumpyBackend:
     :class:`polyconv.Backend`)."""
 
     name = "numpy"
+    libraries = ("numpy",)
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``polyconv backends`` (see :class:`polyconv.BackendHooks`)."""
+        return {"devices": "cpu (host memory)"}
 
     #: set to False to route every call through the exact path (tests compare the two)
     fast = True

@@ -1,0 +1,126 @@
+"""polyconv's PyTorch backend: the three primitives as PyTorch's native convolution ops.
+
+On CPU these run oneDNN (the library whose op definitions polyconv's semantics follow), on
+CUDA cuDNN; results are torch tensors on the input's device. Picked automatically for
+``torch.Tensor`` inputs (``backend="array_api"`` still selects the generic backend).
+
+* forward: ``torch.nn.functional.conv{1,2,3}d``; backward_data:
+  ``torch.nn.functional.conv_transpose{1,2,3}d``; backward_weights:
+  ``torch.ops.aten.convolution_backward`` (weights only). torch takes symmetric padding, so the
+  smaller pad of each axis goes to torch and the rest is an explicit ``F.pad`` of the input
+  (forward, backward_weights) or a crop of the output (backward_data). ``NXC`` data is passed
+  as channels-last views, weights as permuted views: no layout copies of the data.
+* Spatial ranks 1-3 run natively; other ranks run on the generic array-API backend (also on
+  torch tensors, also differentiable).
+* Numerics: float32 and float64 accumulate in their own dtype, with no TF32 on CUDA unless
+  the caller passes ``precision="high"`` (``"default"`` keeps torch's global setting);
+  float16/bfloat16 accumulate in float32 with one rounding (natively where the engine does
+  that, else computed in float32 and rounded once).
+* Autograd: each primitive is a :class:`torch.autograd.Function` whose gradients are
+  polyconv's own primitives (the adjoint identities), so ``torch.autograd.grad`` of a
+  polyconv op equals polyconv's backward ops, double backward included; ``torch.compile``
+  traces it.
+
+See :mod:`polyconv_torch._lowering` for the lowering and :mod:`polyconv_torch._autograd` for
+the gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import torch
+
+from polyconv import ConvPlan, Samples
+
+from . import _autograd
+
+__all__ = ["BACKEND", "TorchBackend"]
+
+_NATIVE_RANKS = (1, 2, 3)
+
+
+def _generic():
+    from polyconv_array_api import BACKEND as GENERIC
+
+    return GENERIC
+
+
+class TorchBackend:
+    """The three primitives of the canonical convolution on torch tensors (see
+    :class:`polyconv.Backend` and :class:`polyconv.BackendHooks`)."""
+
+    name = "torch"
+    libraries = ("torch",)
+
+    def __repr__(self) -> str:
+        return "<polyconv backend 'torch'>"
+
+    def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> Any:
+        if plan.ndim not in _NATIVE_RANKS:
+            return _generic().forward(plan, a, w, bias)
+        return _autograd.apply("forward", plan, a, w, bias)
+
+    def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> Any:
+        if plan.ndim not in _NATIVE_RANKS:
+            return _generic().backward_data(plan, b, w, bias)
+        return _autograd.apply("backward_data", plan, b, w, bias)
+
+    def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> Any:
+        if plan.ndim not in _NATIVE_RANKS:
+            return _generic().backward_weights(plan, a, b)
+        return _autograd.apply("backward_weights", plan, a, b)
+
+    # --- facts (polyconv.BackendHooks) -------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """torch's version and devices: the CPU with its oneDNN version, each CUDA device with
+        cuDNN's."""
+        devices = [f"cpu ({engine('cpu')})"]
+        if torch.cuda.is_available():
+            devices += [f"cuda:{i} {torch.cuda.get_device_name(i)} ({engine('cuda')})"
+                        for i in range(torch.cuda.device_count())]
+        return {"versions": {"torch": torch.__version__}, "devices": ", ".join(devices)}
+
+    def samples(self, dtype: str) -> Samples:
+        """torch tensors for :func:`polyconv.compare`: on the first CUDA device when there is
+        one, else on the CPU; labelled with the engine that runs them."""
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return Samples(f"torch {device} ({engine(device)})",
+                       lambda x: to_tensor(x, device), to_numpy=to_numpy)
+
+
+def engine(device: str) -> str:
+    """The convolution engine torch uses on ``device``: oneDNN on CPU, cuDNN on CUDA."""
+    if device == "cuda":
+        v = torch.backends.cudnn.version()
+        return f"cuDNN {v // 10000}.{v // 100 % 100}.{v % 100}" if v else "CUDA, no cuDNN"
+    if torch.backends.mkldnn.is_available():
+        return _onednn()
+    return "native, no oneDNN"
+
+
+@functools.cache
+def _onednn() -> str:
+    """``oneDNN v3.12.0``, read from torch's build configuration."""
+    found = re.search(r"(?:oneDNN\)|MKL-DNN)\s*(v[\d.]+)", torch.__config__.show())
+    return f"oneDNN {found.group(1)}" if found else "oneDNN"
+
+
+def to_tensor(x: Any, device: str = "cpu") -> torch.Tensor:
+    """A numpy array (``ml_dtypes.bfloat16`` included) as a torch tensor on ``device``."""
+    import numpy as np
+
+    x = np.asarray(x)
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.astype(np.float32)).to(device=device, dtype=torch.bfloat16)
+    return torch.from_numpy(np.array(x, copy=True)).to(device)
+
+
+def to_numpy(y: torch.Tensor):
+    """A torch tensor as a float64 numpy array."""
+    return y.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+BACKEND = TorchBackend()

@@ -1,0 +1,87 @@
+"""Autograd for the three primitives: every gradient is computed by polyconv's own primitives.
+
+Each primitive is bilinear, and the adjoint identities of the canonical convolution
+(``<F(a, W), b> = <a, D(b, W)> = <W, Wt(a, b)>``) say which primitive computes the gradient of
+each input from the output's gradient ``g``:
+
+==================  =====================  =====================
+primitive           gradient of 1st input  gradient of 2nd input
+==================  =====================  =====================
+forward F(a, W)     D(g, W)                Wt(a, g)
+backward_data D     F(g, W)                Wt(g, b)
+backward_weights    D(b, g)                F(a, g)
+==================  =====================  =====================
+
+and the bias gradient is ``g`` summed over every axis but channels (in float32 for 16-bit
+inputs, rounded once). One :class:`torch.autograd.Function` carries the table; its backward
+calls the primitives through :func:`apply`, so the backward is itself differentiable (double
+backward, Hessian-vector products) by the same rule. Calls where no input requires a gradient
+(or under ``torch.no_grad``) skip autograd entirely.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from polyconv._geometry import ConvPlan
+
+from . import _lowering
+
+RAW = {"forward": _lowering.forward, "backward_data": _lowering.backward_data,
+       "backward_weights": _lowering.backward_weights}
+
+#: per primitive: for the gradient of each input, the primitive computing it and the slot of
+#: ``g`` among that primitive's two inputs (the other slot takes the other input)
+_ADJOINTS = {
+    "forward": (("backward_data", 0), ("backward_weights", 1)),
+    "backward_data": (("forward", 0), ("backward_weights", 0)),
+    "backward_weights": (("backward_data", 1), ("forward", 1)),
+}
+
+
+def _needs_grad(*tensors: Any) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def apply(primitive: str, plan: ConvPlan, x: torch.Tensor, y: torch.Tensor,
+          bias: Any = None) -> torch.Tensor:
+    """The primitive on torch tensors, through autograd when an input needs a gradient."""
+    if _needs_grad(x, y, bias):
+        return Primitive.apply(primitive, plan, x, y, bias)
+    if primitive == "backward_weights":
+        return RAW[primitive](plan, x, y)
+    return RAW[primitive](plan, x, y, bias)
+
+
+class Primitive(torch.autograd.Function):
+    """One primitive, its gradients by :data:`_ADJOINTS`."""
+
+    @staticmethod
+    def forward(ctx, primitive: str, plan: ConvPlan, x, y, bias):
+        ctx.primitive, ctx.plan = primitive, plan
+        ctx.save_for_backward(x, y)
+        if primitive == "backward_weights":
+            return RAW[primitive](plan, x, y)
+        return RAW[primitive](plan, x, y, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        plan = ctx.plan
+        grads = []
+        for i, (adjoint, slot) in enumerate(_ADJOINTS[ctx.primitive]):
+            if not ctx.needs_input_grad[2 + i]:
+                grads.append(None)
+                continue
+            other = y if i == 0 else x
+            args = (g, other) if slot == 0 else (other, g)
+            grads.append(apply(adjoint, plan, *args))
+        grad_bias = None
+        if ctx.needs_input_grad[4]:
+            axis = plan.ndim + 1 if plan.channels_last else 1
+            dims = [k for k in range(g.dim()) if k != axis]
+            acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+            grad_bias = g.sum(dim=dims, dtype=acc).to(g.dtype)
+        return None, None, *grads, grad_bias

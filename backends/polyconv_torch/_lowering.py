@@ -1,0 +1,258 @@
+"""The three primitives as PyTorch's own convolution calls, without autograd.
+
+Every decision that depends only on the plan's geometry (permutations, the symmetric padding
+torch takes, the explicit padding or cropping of an asymmetric pad) is made once per plan
+(:func:`lowering`, cached); a call then only permutes views, calls torch and, where needed,
+pads its input or crops its output.
+
+forward (a, W -> b)
+    ``conv{d}d(a, W, bias, stride, padding=m, dilation, groups)`` with ``m = min(pb, pe)``
+    per axis; the rest of an asymmetric pad (``pb - m`` or ``pe - m``) is one ``F.pad`` of
+    ``a``.
+
+backward_data (b, W -> a)
+    ``conv_transpose{d}d(b, W, bias, stride, padding=m, output_padding, groups, dilation)``:
+    torch's transposed convolution *is* the adjoint of its convolution, and ``W``
+    ``[Cb, Ca/G, K..]`` is already its weight layout (``[in, out/G, K..]``). With ``m =
+    min(pb, pe)`` its output starts ``pb - m`` rows early and is ``pe - m`` rows too long;
+    those rows are cropped (a view).
+
+backward_weights (a, b -> W)
+    ``aten.convolution_backward`` of ``conv{d}d(a, ., stride, m, dilation, groups)`` with only
+    the weight gradient asked for (what ``torch.nn.grad.conv*_weight`` calls), ``a`` padded
+    as in forward.
+
+Layouts: ``NXC`` data is permuted to ``NCX`` as a view, which is channels-last memory format,
+the fast format of oneDNN and cuDNN, so torch computes in it and its result permutes back to
+a contiguous ``NXC`` tensor; the weights are permuted to ``[Cb, Ca/G, K..]`` as a view. Every
+result is a contiguous tensor in the user's layout.
+
+Numerics: float32/float64 accumulate in their own dtype (no TF32 on CUDA unless the caller
+asks through ``precision``, see :func:`_fp32_precision`). float16/bfloat16 run natively where
+the engine accumulates in float32 and adds the bias before its one rounding (oneDNN on CPUs
+with native 16-bit support; cuDNN without bias); elsewhere the inputs are cast to float32,
+computed there and rounded once (:func:`_upcast`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from polyconv._geometry import PRECISION_NAMES, ConvPlan
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _perm_or_none(perm: tuple[int, ...]) -> tuple[int, ...] | None:
+    return None if perm == tuple(range(len(perm))) else perm
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """What a call of one plan does, decided once per plan."""
+
+    conv: Any                             # torch.nn.functional.conv{d}d
+    conv_t: Any                           # torch.nn.functional.conv_transpose{d}d
+    to_ncx: tuple[int, ...] | None        # user data layout -> NCX (None: already NCX)
+    from_ncx: tuple[int, ...] | None      # NCX -> user data layout
+    w_canonical: tuple[int, ...] | None   # user weights -> [Cb, Ca/G, K..]
+    w_user: tuple[int, ...] | None        # [Cb, Ca/G, K..] -> user weights
+    padding: tuple[int, ...]              # the symmetric padding torch applies
+    extra_pad: tuple[int, ...] | None     # F.pad of `a` for an asymmetric pad (None: none)
+    crop: tuple[tuple[int, int, int], ...]  # backward_data: (NCX axis, start, length) views
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    groups: int
+
+
+def _lower(plan: ConvPlan) -> Lowering:
+    d = plan.ndim
+    padding = tuple(min(b, e) for b, e in zip(plan.pads_begin, plan.pads_end))
+    extra = []
+    for b, e, m in reversed(list(zip(plan.pads_begin, plan.pads_end, padding))):
+        extra += [b - m, e - m]                      # F.pad lists the last axis first
+    crop = tuple((2 + j, b - m, a) for j, (b, m, a) in
+                 enumerate(zip(plan.pads_begin, padding, plan.a_spatial))
+                 if b != plan.pads_end[j])
+    to_ncx = (0, d + 1, *range(1, d + 1)) if plan.channels_last else None
+    from_ncx = (0, *range(2, d + 2), 1) if plan.channels_last else None
+    return Lowering(
+        conv=_CONV[d], conv_t=_CONV_T[d], to_ncx=to_ncx, from_ncx=from_ncx,
+        w_canonical=_perm_or_none(plan.weights_perm),
+        w_user=_perm_or_none(plan.weights_inverse_perm),
+        padding=padding, extra_pad=tuple(extra) if any(extra) else None, crop=crop,
+        stride=plan.strides, dilation=plan.dilations, output_padding=plan.output_padding,
+        groups=plan.groups)
+
+
+@lru_cache(maxsize=4096)
+def _lower_cached(plan: ConvPlan) -> Lowering:
+    return _lower(plan)
+
+
+def lowering(plan: ConvPlan) -> Lowering:
+    """:func:`_lower`, cached per plan (a plan with an unhashable ``precision``, a list, is
+    looked up without it: the lowering does not depend on it)."""
+    try:
+        return _lower_cached(plan)
+    except TypeError:
+        return _lower_cached(plan.with_(precision=None))
+
+
+# --------------------------------------------------------------------------------------------
+# numerics: 16-bit accumulation and float32 precision
+# --------------------------------------------------------------------------------------------
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@cache
+def _native_16bit(device_type: str, dtype: torch.dtype, bias: bool) -> bool:
+    """Whether torch's own 16-bit convolution accumulates in float32 and rounds once.
+
+    CPU: oneDNN does (bias inside the accumulator) where the CPU has native support for the
+    dtype, and torch then always takes oneDNN; elsewhere torch's fallback may round partial
+    sums. CUDA: cuDNN accumulates in float32, but torch adds the bias afterwards, in 16 bits.
+    """
+    if device_type == "cpu":
+        if not torch.backends.mkldnn.is_available():
+            return False
+        mkldnn = torch.ops.mkldnn
+        return bool(mkldnn._is_mkldnn_bf16_supported() if dtype == torch.bfloat16
+                    else mkldnn._is_mkldnn_fp16_supported())
+    return device_type == "cuda" and not bias
+
+
+def _upcast(dtype: torch.dtype, device: torch.device, bias: bool) -> bool:
+    return dtype in _HALF and not _native_16bit(device.type, dtype, bias)
+
+
+def _level(precision: Any) -> str:
+    """``plan.precision`` as one of ``DEFAULT``, ``HIGH``, ``HIGHEST`` (``None``: HIGHEST)."""
+    if isinstance(precision, (tuple, list)):
+        precision = precision[0]
+    if precision is None:
+        return "HIGHEST"
+    if not isinstance(precision, str):
+        return getattr(precision, "name", "HIGHEST")  # a jax.lax.Precision
+    return PRECISION_NAMES[precision.lower()]
+
+
+def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.AbstractContextManager:
+    """Full-precision float32 (IEEE) unless the caller opted in: on CUDA, cuDNN's default
+    for convolutions is TF32; ``precision="high"`` allows TF32, ``"default"`` leaves torch's
+    own setting. On CPU, a process-wide reduced-precision oneDNN setting is overridden too."""
+    if plan.dtype != "float32":
+        return contextlib.nullcontext()
+    level = _level(plan.precision)
+    if level == "DEFAULT":
+        return contextlib.nullcontext()
+    want = "ieee" if level == "HIGHEST" else "tf32"
+    if device.type == "cuda":
+        knob = torch.backends.cudnn.conv
+    elif device.type == "cpu":
+        knob = torch.backends.mkldnn.conv
+        if want == "tf32" or knob.fp32_precision in ("ieee", "none"):
+            return contextlib.nullcontext()
+    else:
+        return contextlib.nullcontext()
+    if knob.fp32_precision == want:
+        return contextlib.nullcontext()
+    return _setting(knob, want)
+
+
+@contextlib.contextmanager
+def _setting(knob: Any, value: str):
+    before = knob.fp32_precision
+    knob.fp32_precision = value
+    try:
+        yield
+    finally:
+        knob.fp32_precision = before
+
+
+# --------------------------------------------------------------------------------------------
+# the primitives (no autograd)
+# --------------------------------------------------------------------------------------------
+
+
+def _ncx(x: torch.Tensor, low: Lowering) -> torch.Tensor:
+    return x if low.to_ncx is None else x.permute(low.to_ncx)
+
+
+def _user(y: torch.Tensor, perm: tuple[int, ...] | None, dtype: torch.dtype) -> torch.Tensor:
+    """torch's result in the user's layout and dtype, contiguous (one copy at most)."""
+    y = y if perm is None else y.permute(perm)
+    return (y if y.dtype == dtype else y.to(dtype)).contiguous()
+
+
+def _canonical_weights(w: torch.Tensor, low: Lowering) -> torch.Tensor:
+    return w if low.w_canonical is None else w.permute(low.w_canonical)
+
+
+def _pad(x: torch.Tensor, low: Lowering) -> torch.Tensor:
+    return x if low.extra_pad is None else F.pad(x, low.extra_pad)
+
+
+def _cast(plan: ConvPlan, *tensors: Any, bias: bool) -> tuple[Any, ...] | None:
+    """The tensors in float32 where 16-bit inputs must be computed there, else ``None``."""
+    x = tensors[0]
+    if not _upcast(x.dtype, x.device, bias):
+        return None
+    return tuple(None if t is None else t.float() for t in tensors)
+
+
+def forward(plan: ConvPlan, a: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
+    """``a`` ``[N, Ca, A..]``, weights -> ``b`` ``[N, Cb, B..]`` (+ bias over Cb)."""
+    low = lowering(plan)
+    dtype = a.dtype
+    wide = _cast(plan, a, w, bias, bias=bias is not None)
+    if wide is not None:
+        a, w, bias = wide
+    with _fp32_precision(plan, a.device):
+        y = low.conv(_pad(_ncx(a, low), low), _canonical_weights(w, low), bias, low.stride,
+                     low.padding, low.dilation, low.groups)
+    return _user(y, low.from_ncx, dtype)
+
+
+def backward_data(plan: ConvPlan, b: torch.Tensor, w: torch.Tensor,
+                  bias: Any = None) -> torch.Tensor:
+    """``b`` ``[N, Cb, B..]``, weights -> ``a`` ``[N, Ca, A..]`` (+ bias over Ca)."""
+    low = lowering(plan)
+    dtype = b.dtype
+    wide = _cast(plan, b, w, bias, bias=bias is not None)
+    if wide is not None:
+        b, w, bias = wide
+    with _fp32_precision(plan, b.device):
+        y = low.conv_t(_ncx(b, low), _canonical_weights(w, low), bias, low.stride,
+                       low.padding, low.output_padding, low.groups, low.dilation)
+    for axis, start, length in low.crop:
+        y = y.narrow(axis, start, length)
+    return _user(y, low.from_ncx, dtype)
+
+
+def backward_weights(plan: ConvPlan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a``, ``b`` -> weights in the user's ``weights_format``."""
+    low = lowering(plan)
+    dtype = a.dtype
+    if plan.batch == 0 or math.prod(plan.b_spatial) == 0:
+        return a.new_zeros(plan.weights_shape)
+    wide = _cast(plan, a, b, bias=False)
+    if wide is not None:
+        a, b = wide
+    shape = plan.w_shape
+    with _fp32_precision(plan, a.device):
+        g = torch.ops.aten.convolution_backward(
+            _ncx(b, low), _pad(_ncx(a, low), low), b.new_empty(1).expand(shape), None,
+            low.stride, low.padding, low.dilation, False, (0,) * plan.ndim, low.groups,
+            (False, True, False))[1]
+    return _user(g, low.w_user, dtype)
