@@ -1,9 +1,11 @@
-"""The numpy backend's two paths: the exact path, forced, over the whole grid.
+"""The numpy backend's strategies, each forced, over the whole grid.
 
-The backend computes finite inputs on its fast path (implicit GEMM on a phase grid) and
-routes non-finite ones to its exact path (in-range windows only). The shared matrix exercises
-the fast path; here the exact path runs the same grid against the oracle, and both paths must
-agree on inputs where NaN/Inf meet no padding.
+The backend chooses per plan among ``gather`` (implicit GEMM on a phase grid), ``overlap``
+(one product for all taps, then overlap-add; forward and backward_data) and ``gather_b``
+(backward_weights), and routes non-finite inputs to its exact path (in-range windows only)
+unless the choice is ``overlap``. The shared matrix exercises the default choice; here every
+strategy of every primitive runs the same grid against the oracle, and NaN/Inf must come out
+of the exact and overlap strategies alike.
 """
 
 from __future__ import annotations
@@ -19,9 +21,18 @@ from polyconv.benchmarks.suite import CASES
 polyconv_numpy = pytest.importorskip("polyconv_numpy")
 
 
-@pytest.fixture
-def exact_path(monkeypatch):
-    monkeypatch.setattr(polyconv_numpy.BACKEND, "fast", False)
+#: every strategy of every primitive appears in one of these
+FORCED = {
+    "exact": "exact",
+    "gather": "gather",
+    "overlap": "overlap,backward_weights=gather_b",
+}
+
+
+@pytest.fixture(params=sorted(FORCED))
+def forced(request):
+    with polyconv_numpy.strategy(FORCED[request.param]):
+        yield request.param
 
 
 @pytest.fixture
@@ -32,8 +43,14 @@ def numpy_target():
 
 
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.label)
-def test_exact_path_grid(exact_path, numpy_target, case):
+def test_forced_strategy_grid(forced, numpy_target, case):
     check_case(numpy_target, case)
+
+
+def test_exact_path_by_attribute(monkeypatch, numpy_target):
+    monkeypatch.setattr(polyconv_numpy.BACKEND, "fast", False)
+    for case in GRID[:40]:
+        check_case(numpy_target, case)
 
 
 @pytest.mark.parametrize("op", ["convolution", "conv_transpose"])

@@ -1,16 +1,26 @@
 """polyconv's numpy backend: direct loops over kernel taps, matrix products over channels.
 
-Two paths compute the same three primitives of the canonical convolution
-(docs/semantics.md#canonical-convolution):
+Each of the three primitives of the canonical convolution
+(docs/semantics.md#canonical-convolution) has two fast strategies, chosen per plan by a cost
+model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
 
-* :mod:`._fast` (the default): implicit GEMM on a phase grid. Each block of output rows is one
-  matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer.
-* :mod:`._exact`: per tap, one matrix product over the in-range window only. Padded positions
-  contribute no term at all, which matters only when an input holds NaN or Inf (the fast path
-  would add ``0 * inf`` terms); such calls take this path.
+* ``gather`` (:mod:`._fast`): implicit GEMM on a phase grid. Each block of output rows is one
+  matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer. It
+  copies ``T`` values per channel of the side it reads, and its product is as wide as the side
+  it writes: good when the written side is wide.
+* ``overlap`` (:mod:`._overlap`, forward and backward_data): one matrix product of the read
+  tensor with all taps' weights side by side, then each tap's slice added into the strided
+  window it lands on (GEMM + col2im). It adds ``T`` values per channel of the side it
+  writes, and its product is ``T`` times as wide: good when the written side is narrow.
+* ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
+  the large tensor's; good when the small tensor has the fewer channels.
+* ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
+  Padded positions contribute no term at all, which matters only when an input holds NaN or
+  Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
+  adds in-range products only as well.
 
-Both work channels-last in float32 (float64 for float64 inputs), add the bias before the one
-rounding to the output dtype, and only read their inputs.
+All work channels-last in float32 (float64 for float64 inputs), add the bias before the one
+rounding to the output dtype (docs/numerics.md#error-bound), and only read their inputs.
 """
 
 from __future__ import annotations
@@ -21,9 +31,10 @@ import numpy as np
 
 from polyconv._geometry import ConvPlan
 
-from . import _exact, _fast
+from . import _exact, _fast, _overlap
+from ._choice import choose, costs, strategy
 
-__all__ = ["BACKEND", "NumpyBackend"]
+__all__ = ["BACKEND", "NumpyBackend", "choose", "costs", "strategy"]
 
 
 def _finite(*arrays: Any) -> bool:
@@ -50,25 +61,39 @@ class NumpyBackend:
     #: set to False to route every call through the exact path (tests compare the two)
     fast = True
 
-    def _path(self, plan: ConvPlan, *arrays: Any):
-        # an empty batch has no rows to lay on the phase grid: the exact path returns zeros
-        return _fast if self.fast and plan.batch and _finite(*arrays) else _exact
+    def _strategy(self, primitive: str, plan: ConvPlan, *arrays: Any) -> str:
+        """The strategy of one call: :func:`choose`'s, except that an empty batch (no rows to
+        lay on a grid) and non-finite inputs on a grid strategy take the exact path."""
+        if not self.fast or not plan.batch:
+            return "exact"
+        name = choose(primitive, plan)
+        if name not in ("exact", "overlap") and not _finite(*arrays):
+            return "exact"
+        return name
 
     # NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
     # warnings are silenced.
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
-        # only 0 * w terms (padding, cropped rows) are added: a finite w keeps them exact
+        # the grid adds only 0 * w terms (padding, cropped rows): a finite w keeps them exact
         with np.errstate(invalid="ignore"):
-            return self._path(plan, w).forward(plan, a, w, bias)
+            name = self._strategy("forward", plan, w)
+            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact}[name]
+            return impl.forward(plan, a, w, bias)
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            return self._path(plan, w).backward_data(plan, b, w, bias)
+            name = self._strategy("backward_data", plan, w)
+            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact}[name]
+            return impl.backward_data(plan, b, w, bias)
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         # here zero rows of b meet values of a, and padding zeros meet values of b
         with np.errstate(invalid="ignore"):
-            return self._path(plan, a, b).backward_weights(plan, a, b)
+            name = self._strategy("backward_weights", plan, a, b)
+            fn = {"gather": _fast.backward_weights,
+                  "gather_b": _fast.backward_weights_gather_b,
+                  "exact": _exact.backward_weights}[name]
+            return fn(plan, a, b)
 
 
 BACKEND = NumpyBackend()

@@ -76,16 +76,17 @@ class _Grid:
 
     def split(self, a: Any, acc: np.dtype) -> dict[tuple[int, ...], np.ndarray]:
         """Phases of the padded large tensor: ``[rows + margin, Ca]`` each (zero tail)."""
+        return {phase: self.phase_rows(a, phase, acc) for phase in self.phases}
+
+    def phase_rows(self, a: Any, phase: tuple[int, ...], acc: np.dtype) -> np.ndarray:
+        """One phase of the padded large tensor: ``[rows + margin, Ca]`` (zero tail)."""
         a_cl = channels_last_view(a, self.plan)
-        out = {}
-        for phase in self.phases:
-            rows = np.zeros((self.rows + self.margin, a_cl.shape[-1]), dtype=acc)
-            win = self._window(phase)
-            if win is not None:
-                grid = rows[: self.rows].reshape(self.plan.batch, *self.p, -1)
-                grid[win[0]] = a_cl[win[1]]
-            out[phase] = rows
-        return out
+        rows = np.zeros((self.rows + self.margin, a_cl.shape[-1]), dtype=acc)
+        win = self._window(phase)
+        if win is not None:
+            grid = rows[: self.rows].reshape(self.plan.batch, *self.p, -1)
+            grid[win[0]] = a_cl[win[1]]
+        return rows
 
     def output(self, channels: int, dtype: np.dtype, bias: Any) -> tuple[np.ndarray, np.ndarray]:
         """The large tensor in the user's layout and dtype, and its channels-last view.
@@ -300,6 +301,37 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
             blk = ch.grouped(b_rows[j0:j1]).transpose(0, 2, 1)          # [G, Og, n]
             dwcat += np.matmul(blk, ch.gather(sources, j0, j1, acc))
         w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)  # [G, Og, Cg, T]
+    canon = w4.reshape(plan.w_shape)
+    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
+                                dtype=out_dtype)
+
+
+def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
+    """backward_weights gathering the small tensor's shifted rows instead of the large one's.
+
+    Per phase ``r`` of the large tensor and block of its rows: ``dW_r[n*Og, Cg] += [b[j -
+    off_t] for t in taps of r]^T @ a_r[j]`` (the data flow of :func:`backward_data`). It
+    gathers ``T*Cb`` values per row instead of ``T*Ca``: the better order when ``Cb`` is the
+    narrow side. One phase of ``a`` is laid out at a time.
+    """
+    out_dtype, acc = dtypes(a, plan)
+    grid, ch = _Grid(plan), _Channels(plan)
+    if ch.depthwise:        # one input channel per group: the same per-tap products
+        return backward_weights(plan, a, b)
+    lead = grid.margin
+    b_rows = grid.embed(b, lead, acc)
+    t = len(grid.taps)
+    w4 = np.zeros((ch.g, ch.og, ch.cg, t), dtype=acc)
+    for phase, taps in grid.phases.items():
+        a_r = grid.phase_rows(a, phase, acc)
+        sources = [(b_rows, lead - grid.taps[i][1]) for i in taps]
+        n = len(taps)
+        dw = np.zeros((ch.g, n * ch.og, ch.cg), dtype=acc)
+        for j0, j1 in _blocks(grid.rows, n * plan.b_channels * acc.itemsize):
+            blk = ch.gather(sources, j0, j1, acc).transpose(0, 2, 1)     # [G, n*Og, rows]
+            dw += np.matmul(blk, ch.grouped(a_r[j0:j1]))
+        # [G, n, Og, Cg] -> the taps' columns of [G, Og, Cg, T]
+        w4[..., taps] = dw.reshape(ch.g, n, ch.og, ch.cg).transpose(0, 2, 3, 1)
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)

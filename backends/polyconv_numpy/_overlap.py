@@ -1,0 +1,212 @@
+"""Multiply-then-overlap-add: one matrix product for all taps, then a shifted add per tap.
+
+Where :mod:`._fast` gathers every tap's rows and multiplies once (good when the side it gathers
+is narrow relative to the side it writes), this path multiplies the tensor it reads once by all
+taps' weights side by side and adds each tap's slice of the product into the strided window of
+the result it lands on (GEMM + col2im, what PyTorch's CPU fallback does for the transposed
+direction)::
+
+    backward_data  Y = b @ [W_t for t]      [rows of b, Cb] x [Cb, T*Ca]
+                   a[y*s + k_t*d - pb] += Y[y, t]          (in-range windows only)
+    forward        Z = a @ [W_t^T for t]    [rows of a, Ca] x [Ca, T*Cb]
+                   b[y] += Z[y*s + k_t*d - pb, t]          (in-range windows only)
+
+The product is as wide as all taps of the written side (``T*Ca`` or ``T*Cb``), so it stays an
+efficient matrix product when that side is narrow, and nothing is gathered: per tap only
+``rows x C_written`` values are added instead of ``rows x C_read`` copied. The windows are the
+in-range ones of :mod:`polyconv._phases` (docs/semantics.md#canonical-convolution): no padded
+position contributes a term, so NaN and Inf propagate exactly as on :mod:`._exact`
+(docs/numerics.md#nan-and-inf). Sums are accumulated in float32 (float64 for float64) and
+rounded to the output dtype once, after the bias (docs/numerics.md#error-bound).
+
+Memory: the product is computed per block of the read side (a few batch elements, or a slab of
+the first spatial axis, about :data:`BLOCK_BYTES`), and the accumulator is the output itself
+when it is channels-last in the accumulation dtype, else one block of batch elements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from polyconv._geometry import ConvPlan
+from polyconv._phases import phases
+
+from ._common import add_bias, canonical_weights, channels_last_view, dtypes
+
+#: target size of one block of the product (``rows x T*C``)
+BLOCK_BYTES = 4 << 20
+
+
+def _output(plan: ConvPlan, channels: int, spatial: tuple[int, ...], dtype: np.dtype):
+    """The result in the user's layout and dtype, and its channels-last view."""
+    if plan.channels_last:
+        out = np.empty((plan.batch, *spatial, channels), dtype=dtype)
+        return out, out
+    out = np.empty((plan.batch, channels, *spatial), dtype=dtype)
+    return out, np.moveaxis(out, 1, -1)
+
+
+def _blocks(batch: int, rows0: int, row_bytes: int):
+    """``(n0, n1, y0, y1)``: batch elements ``n0:n1`` and rows ``y0:y1`` of the first spatial
+    axis of the read side, about :data:`BLOCK_BYTES` of product each (``row_bytes`` per row of
+    that axis)."""
+    sample = rows0 * row_bytes
+    if sample <= BLOCK_BYTES:
+        nb = max(1, BLOCK_BYTES // max(sample, 1))
+        for n0 in range(0, batch, nb):
+            yield n0, min(batch, n0 + nb), 0, rows0
+        return
+    step = max(1, BLOCK_BYTES // max(row_bytes, 1))
+    for n in range(batch):
+        for y0 in range(0, rows0, step):
+            yield n, n + 1, y0, min(rows0, y0 + step)
+
+
+def _clip(win, lo: int, hi: int):
+    """A tap's window on the first axis (``Window``: ``b`` rows and the ``a`` rows they pair
+    with) clipped to ``b`` rows ``lo:hi``: ``(b rows, a rows)`` as plain ranges, or None."""
+    y0, y1 = max(win.start, lo), min(win.stop, hi)
+    if y1 <= y0:
+        return None
+    x0 = win.first + (y0 - win.start) * win.step
+    return (y0, y1), (x0, x0 + (y1 - y0 - 1) * win.step + 1)
+
+
+def _windows(plan: ConvPlan, lo: int, hi: int):
+    """Per tap meeting ``b`` rows ``lo:hi`` of the first axis: ``(t, b_index, a_index,
+    (x0, x1))`` with ``b_index`` relative to ``lo`` and ``(x0, x1)`` the span of ``a`` rows of
+    the first axis it reads."""
+    ph = phases(plan)
+    ax0 = ph.axes[0]
+    wins0 = [ax0.tap_window(k) for k in range(ax0.kernel)]
+    out = []
+    for t, b_index, a_index in ph.tap_windows:
+        clipped = _clip(wins0[ph.taps[t].k[0]], lo, hi)
+        if clipped is None:
+            continue
+        (y0, y1), (x0, x1) = clipped
+        out.append((t, (slice(y0 - lo, y1 - lo), *b_index[1:]),
+                    (slice(x0, x1, plan.strides[0]), *a_index[1:]), (x0, x1)))
+    return out
+
+
+class _Weights:
+    """All taps' weights side by side, per group: ``[G, C_read/G, T*C_written/G]``."""
+
+    def __init__(self, plan: ConvPlan, w: Any, acc: np.dtype, transposed: bool):
+        g = plan.groups
+        self.g, self.t = g, math.prod(plan.kernel)
+        self.cg, self.og = plan.a_channels // g, plan.b_channels // g
+        w4 = canonical_weights(w, plan, acc).reshape(g, self.og, self.cg, self.t)
+        if transposed:      # backward_data: read b (Og), write a (Cg): [G, Og, T, Cg]
+            self.read, self.written = self.og, self.cg
+            self.w = np.ascontiguousarray(w4.transpose(0, 1, 3, 2))
+        else:               # forward: read a (Cg), write b (Og): [G, Cg, T, Og]
+            self.read, self.written = self.cg, self.og
+            self.w = np.ascontiguousarray(w4.transpose(0, 2, 3, 1))
+
+    def product(self, x: np.ndarray) -> np.ndarray:
+        """``[M, G*read]`` -> ``[M, G, T, written]``."""
+        m, g = x.shape[0], self.g
+        y = np.empty((m, g, self.t, self.written), dtype=x.dtype)
+        if g == 1:
+            np.matmul(x, self.w.reshape(self.read, -1), out=y.reshape(m, -1))
+        elif self.read == 1:        # one channel read per group: a broadcast multiply
+            np.multiply(x[:, :, None, None], self.w[:, 0], out=y)
+        else:
+            np.matmul(x.reshape(m, g, self.read).transpose(1, 0, 2),
+                      self.w.reshape(g, self.read, -1),
+                      out=y.reshape(m, g, -1).transpose(1, 0, 2))
+        return y
+
+
+def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(b, plan)
+    wt = _Weights(plan, w, acc, transposed=True)
+    b_cl = channels_last_view(b, plan)
+    out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
+    direct = plan.channels_last and out_dtype == acc
+    g, cg = plan.groups, wt.cg
+    b_rest = plan.b_spatial[1:]
+    row_bytes = math.prod(b_rest) * wt.t * plan.a_channels * acc.itemsize
+    buf = None
+    prev = None
+    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
+        nb = n1 - n0
+        if (n0, n1) != prev:            # a new batch block: a fresh accumulator
+            if prev is not None and not direct:
+                _finish(out_cl, prev, buf, bias)
+            if direct:
+                buf = out_cl[n0:n1]
+                buf[...] = 0
+            else:
+                if buf is None or buf.shape[0] != nb:
+                    buf = np.empty((nb, *plan.a_spatial, plan.a_channels), dtype=acc)
+                buf[...] = 0
+            prev = (n0, n1)
+        x = np.ascontiguousarray(b_cl[n0:n1, y0:y1], dtype=acc)
+        y = wt.product(x.reshape(-1, plan.b_channels))
+        y = y.reshape(nb, y1 - y0, *b_rest, g, wt.t, cg)
+        acc_v = buf.reshape(nb, *plan.a_spatial, g, cg)
+        for t, b_index, a_index, _ in _windows(plan, y0, y1):
+            view = acc_v[(slice(None), *a_index)]
+            view += y[(slice(None), *b_index, slice(None), t)]
+    if direct:
+        add_bias(out_cl, bias)
+    else:
+        _finish(out_cl, prev, buf, bias)
+    return out
+
+
+def _finish(out_cl: np.ndarray, block: tuple[int, int], buf: np.ndarray, bias: Any) -> None:
+    """Bias, then the one rounding (and layout change) of a block of batch elements."""
+    add_bias(buf, bias)
+    out_cl[block[0]:block[1]] = buf
+
+
+def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    wt = _Weights(plan, w, acc, transposed=False)
+    a_cl = channels_last_view(a, plan)
+    out, out_cl = _output(plan, plan.b_channels, plan.b_spatial, out_dtype)
+    direct = plan.channels_last and out_dtype == acc
+    g, og = plan.groups, wt.og
+    a_rest, s0 = plan.a_spatial[1:], plan.strides[0]
+    # a slab of b rows reads about s0 rows of a per row
+    row_bytes = s0 * math.prod(a_rest) * wt.t * plan.b_channels * acc.itemsize
+    buf = None
+    prev = None
+    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
+        nb = n1 - n0
+        if (n0, n1) != prev:
+            if prev is not None and not direct:
+                _finish(out_cl, prev, buf, bias)
+            if direct:
+                buf = out_cl[n0:n1]
+                buf[...] = 0
+            else:
+                if buf is None or buf.shape[0] != nb:
+                    buf = np.empty((nb, *plan.b_spatial, plan.b_channels), dtype=acc)
+                buf[...] = 0
+            prev = (n0, n1)
+        wins = _windows(plan, y0, y1)
+        if not wins:
+            continue
+        x0 = min(span[0] for *_, span in wins)
+        x1 = max(span[1] for *_, span in wins)
+        x = np.ascontiguousarray(a_cl[n0:n1, x0:x1], dtype=acc)
+        z = wt.product(x.reshape(-1, plan.a_channels))
+        z = z.reshape(nb, x1 - x0, *a_rest, g, wt.t, og)
+        acc_v = buf.reshape(nb, *plan.b_spatial, g, og)[:, y0:y1]
+        for t, b_index, a_index, _ in wins:
+            rows = slice(a_index[0].start - x0, a_index[0].stop - x0, a_index[0].step)
+            view = acc_v[(slice(None), *b_index)]
+            view += z[(slice(None), rows, *a_index[1:], slice(None), t)]
+    if direct:
+        add_bias(out_cl, bias)
+    else:
+        _finish(out_cl, prev, buf, bias)
+    return out
