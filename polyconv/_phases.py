@@ -121,6 +121,11 @@ class AxisPhases:
     tap_step: int
     shift_step: int
 
+    @property
+    def phase_shifts(self) -> tuple[tuple[int, ...], ...]:
+        """Per phase ``r``: the shifts of its taps (in the order of :attr:`taps`)."""
+        return tuple(tuple(self.shift[k] for k in ks) for ks in self.taps)
+
     def tap_window(self, k: int) -> Window | None:
         """``b`` indices ``y`` whose tap-``k`` partner ``a[y*s + k*d - pb]`` is in range
         (``Window.positions`` are those ``a`` indices), or ``None``."""

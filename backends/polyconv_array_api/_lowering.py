@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import array_api_compat
 
+from polyconv._phases import phases
+
 if TYPE_CHECKING:
     from polyconv import Samples
     from polyconv._geometry import ConvPlan
@@ -260,12 +262,12 @@ class ArrayAPIBackend:
         xp, device, acc = _setup(plan, b, w, bias)
         g, n, d = plan.groups, plan.batch, plan.ndim
         cg, cbg = plan.a_channels // g, plan.b_channels // g
-        strides, dil = plan.strides, plan.dilations
-        # Per axis: phase indices m0 .. m0+L-1 cover the padded positions [pb, pb + A).
-        m0 = tuple(pb // s for pb, s in zip(plan.pads_begin, strides))
-        length = tuple(-(-(pb + a) // s) - m for pb, a, s, m in
-                       zip(plan.pads_begin, plan.a_spatial, strides, m0))
-        qmax = tuple((ek - 1) // s for ek, s in zip(plan.effective_kernel, strides))
+        strides = plan.strides
+        geometry = phases(plan)
+        # Per axis: phase cells q_lo .. q_lo+rows-1 cover the padded positions [pb, pb + A).
+        m0 = tuple(ax.q_lo for ax in geometry.axes)
+        length = tuple(ax.rows for ax in geometry.axes)
+        qmax = tuple(ax.max_shift for ax in geometry.axes)
         m = n * math.prod(length)
 
         with _precision(xp, plan):
@@ -273,34 +275,32 @@ class ArrayAPIBackend:
             for j in range(d):  # b[y] for y in [m0 - qmax, m0 + L), zeros outside
                 y = _window(xp, y, 2 + j, m0[j] - qmax[j], length[j] + qmax[j], device)
             wt = _weight_taps(xp, w, plan, acc, a_to_b=False)
-            phases: dict[tuple[int, ...], Any] = {}
-            for k in itertools.product(*(range(kk) for kk in plan.kernel)):
-                q = tuple(kj * dj // s for kj, dj, s in zip(k, dil, strides))
-                r = tuple(kj * dj % s for kj, dj, s in zip(k, dil, strides))
+            parts: dict[tuple[int, ...], Any] = {}
+            for tap in geometry.taps:
                 index = tuple(slice(qm - qj, qm - qj + lj)
-                              for qm, qj, lj in zip(qmax, q, length))
+                              for qm, qj, lj in zip(qmax, tap.shift, length))
                 window = xp.reshape(y[(_ALL, _ALL, *index, _ALL)], (g, m, cbg))
-                t = xp.matmul(window, wt[(*k, ...)])
-                phases[r] = t if r not in phases else phases[r] + t
+                t = xp.matmul(window, wt[(*tap.k, ...)])
+                r = tap.phase
+                parts[r] = t if r not in parts else parts[r] + t
 
         leaf_shape = (g, n, *length, cg)
 
         def interleave(prefix: tuple[int, ...], j: int) -> Any:
             if j == d:
-                if prefix in phases:
-                    return xp.reshape(phases[prefix], leaf_shape)
+                if prefix in parts:
+                    return xp.reshape(parts[prefix], leaf_shape)
                 return xp.zeros(leaf_shape, dtype=acc, device=device)
-            parts = [interleave((*prefix, r), j + 1) for r in range(strides[j])]
-            if len(parts) == 1:
-                return parts[0]
-            stacked = xp.stack(parts, axis=3 + j)          # [.., L_j, s_j, ..]
+            pieces = [interleave((*prefix, r), j + 1) for r in range(strides[j])]
+            if len(pieces) == 1:
+                return pieces[0]
+            stacked = xp.stack(pieces, axis=3 + j)         # [.., L_j, s_j, ..]
             shape = stacked.shape
             return xp.reshape(stacked, (*shape[:2 + j], shape[2 + j] * shape[3 + j],
                                         *shape[4 + j:]))
 
         full = interleave((), 0)                            # positions m0*s .. (m0+L)*s - 1
-        crop = tuple(slice(pb - mm * s, pb - mm * s + a) for pb, mm, s, a in
-                     zip(plan.pads_begin, m0, strides, plan.a_spatial))
+        crop = tuple(slice(ax.crop, ax.crop + ax.size) for ax in geometry.axes)
         x = _from_groups(xp, full[(_ALL, _ALL, *crop, _ALL)], plan, plan.a_channels,
                          plan.a_spatial)
         return _finish(xp, x, plan, bias, acc, b.dtype)

@@ -6,16 +6,16 @@ Notation and the measurements behind the policy: the docs page "JAX lowerings".
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from polyconv import ConvPlan
+from polyconv._phases import AxisPhases
+from polyconv._phases import phases as plan_phases
 
 from ._forward import ELEMENTWISE_MAX_CHANNELS
 from ._xla import _conv_general, _data_spec, _dnums, _merge, _regroup
@@ -41,62 +41,26 @@ def _direct(plan: ConvPlan, precision, b, w):
         preferred_element_type=plan.acc_dtype)
 
 
-@dataclass(frozen=True)
-class _Phases:
-    """One spatial axis of backward_data, split into its ``s`` output phases.
+def _phases(plan: ConvPlan) -> tuple[AxisPhases, ...]:
+    """Per spatial axis, the phase geometry of the plan (polyconv._phases, cached there).
 
     In padded coordinates ``X = x + pb`` the product of ``b[y]`` and tap ``k`` lands at
     ``X = y*s + k*d``. Write ``X = q*s + r``: row ``q`` of phase ``r`` receives exactly the
-    taps with ``k*d = r (mod s)``, each from ``y = q - m_k``, ``m_k = (k*d - r) // s``; the
-    taps of one phase are ``step = s/gcd(d, s)`` apart and their shifts ``m_k`` are
-    ``dd = d/gcd(d, s)`` apart. Rows ``q`` in ``[q_lo, q_lo + rows)`` of every phase,
-    interleaved, cover the padded range ``[q_lo*s, (q_lo + rows)*s)``, which contains the
-    output ``[pb, pb + A)``; the output starts ``crop = pb - q_lo*s`` rows in.
+    taps of phase ``r``, each from ``y = q - shift_k``. Rows ``q`` in ``[q_lo, q_lo + rows)``
+    of every phase, interleaved, cover the padded range ``[q_lo*s, (q_lo + rows)*s)``, which
+    contains the output ``[pb, pb + A)``; the output starts ``crop`` rows in.
     """
-
-    s: int
-    size: int                             # A: the output rows
-    small: int                            # B: the input rows
-    q_lo: int
-    rows: int
-    crop: int
-    taps: tuple[tuple[int, ...], ...]     # per phase: its taps k, ascending
-    shifts: tuple[tuple[int, ...], ...]   # per phase: m_k of those taps
-    step: int
-    dd: int
-
-    @property
-    def top(self) -> int:
-        """The largest shift of any tap: the first row of the fused (sub-pixel) kernel."""
-        return max(m for ms in self.shifts for m in ms)
-
-    @property
-    def bottom(self) -> int:
-        return min(m for ms in self.shifts for m in ms)
-
-    def padding(self, top: int, window: int) -> tuple[int, int]:
-        """Pads of ``b`` for a stride-1 window of ``window`` rows whose first row reads
-        ``b[q - top]`` for output row ``q``: the output rows are ``q_lo .. q_lo+rows-1``."""
-        lo = top - self.q_lo
-        return lo, self.rows + window - 1 - self.small - lo
+    return plan_phases(plan).axes
 
 
-@functools.lru_cache(maxsize=256)
-def _phases(plan: ConvPlan) -> tuple[_Phases, ...]:
-    out = []
-    for a, bsz, k, s, d, pb in zip(plan.a_spatial, plan.b_spatial, plan.kernel, plan.strides,
-                                   plan.dilations, plan.pads_begin):
-        q_lo = pb // s
-        rows = -(-(pb + a) // s) - q_lo
-        taps = tuple(tuple(t for t in range(k) if (t * d) % s == r) for r in range(s))
-        shifts = tuple(tuple((t * d - r) // s for t in ts) for r, ts in enumerate(taps))
-        g = math.gcd(d, s)
-        out.append(_Phases(s, a, bsz, q_lo, rows, pb - q_lo * s, taps, shifts, s // g,
-                           d // g))
-    return tuple(out)
+def _padding(p: AxisPhases, top: int, window: int) -> tuple[int, int]:
+    """Pads of ``b`` for a stride-1 window of ``window`` rows whose first row reads
+    ``b[q - top]`` for output row ``q``: the output rows are ``q_lo .. q_lo+rows-1``."""
+    lo = top - p.q_lo
+    return lo, p.rows + window - 1 - p.small - lo
 
 
-def _interleave(plan: ConvPlan, axes: tuple[_Phases, ...], parts: dict,
+def _interleave(plan: ConvPlan, axes: tuple[AxisPhases, ...], parts: dict,
                 group_major: bool = False):
     """Interleave the phase outputs (``parts[r]``, rows ``q_lo..``) and crop to ``A``.
 
@@ -106,7 +70,7 @@ def _interleave(plan: ConvPlan, axes: tuple[_Phases, ...], parts: dict,
     transpose fuse), then the padded range is cropped to the output rows.
     """
     nd = plan.ndim
-    steps = tuple(p.s for p in axes)
+    steps = tuple(p.stride for p in axes)
     y = jnp.stack([parts[r] for r in itertools.product(*(range(s) for s in steps))])
     y = y.reshape((*steps, *y.shape[1:]))
     phase = range(nd)
@@ -130,7 +94,7 @@ def _interleave(plan: ConvPlan, axes: tuple[_Phases, ...], parts: dict,
     return _crop(plan, axes, y)
 
 
-def _crop(plan: ConvPlan, axes: tuple[_Phases, ...], y):
+def _crop(plan: ConvPlan, axes: tuple[AxisPhases, ...], y):
     start, limit = [0] * y.ndim, list(y.shape)
     for ax, p in zip(plan.spatial_axes, axes):
         start[ax], limit[ax] = p.crop, p.crop + p.size
@@ -139,7 +103,7 @@ def _crop(plan: ConvPlan, axes: tuple[_Phases, ...], y):
     return lax.slice(y, start, limit)
 
 
-def _phase_shape(plan: ConvPlan, axes: tuple[_Phases, ...]) -> tuple[int, ...]:
+def _phase_shape(plan: ConvPlan, axes: tuple[AxisPhases, ...]) -> tuple[int, ...]:
     rows = tuple(p.rows for p in axes)
     if plan.channels_last:
         return (plan.batch, *rows, plan.a_channels)
@@ -158,22 +122,22 @@ def _by_phase(plan: ConvPlan, precision, b, w):
     perm = plan.weights_perm
     dnums = _dnums(data, (perm[1], perm[0], *perm[2:]), data)
     parts = {}
-    for r in itertools.product(*(range(p.s) for p in axes)):
+    for r in itertools.product(*(range(p.stride) for p in axes)):
         taps = [p.taps[ri] for p, ri in zip(axes, r)]
         if not all(taps):
             parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
             continue
         sub = w
         for i, (p, t) in enumerate(zip(axes, taps)):
-            sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.step, perm[2 + i])
+            sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.tap_step, perm[2 + i])
         sub = lax.rev(sub, perm[2:])
         if plan.groups > 1:
             sub = _regroup(sub, perm[0], perm[1], plan.groups)
-        padding = [p.padding(p.shifts[ri][-1], (len(t) - 1) * p.dd + 1)
+        padding = [_padding(p, p.phase_shifts[ri][-1], (len(t) - 1) * p.shift_step + 1)
                    for p, ri, t in zip(axes, r, taps)]
         parts[r] = _conv_general(
             b, sub, window_strides=(1,) * plan.ndim, padding=padding,
-            rhs_dilation=tuple(p.dd for p in axes), dimension_numbers=dnums,
+            rhs_dilation=tuple(p.shift_step for p in axes), dimension_numbers=dnums,
             feature_group_count=plan.groups, precision=precision,
             preferred_element_type=plan.acc_dtype)
     return _interleave(plan, axes, parts)
@@ -190,15 +154,15 @@ def _fused_kernel(plan: ConvPlan, w):
     zero = jnp.zeros((), w.dtype)
     for i, (p, k) in enumerate(zip(_phases(plan), plan.kernel)):
         axis = 2 + 2 * i                           # earlier axes already split in (L, s)
-        top, length = p.top, p.top - p.bottom + 1
-        index = np.full((length, p.s), k)          # k: the appended zero tap
-        for r, (ks, ms) in enumerate(zip(p.taps, p.shifts)):
+        top, length = p.max_shift, p.max_shift + 1
+        index = np.full((length, p.stride), k)          # k: the appended zero tap
+        for r, (ks, ms) in enumerate(zip(p.taps, p.phase_shifts)):
             for t, m in zip(ks, ms):
                 index[top - m, r] = t
         config = [(0, 0, 0)] * w.ndim
         config[axis] = (0, 1, 0)
         w = jnp.take(lax.pad(w, zero, config), index.reshape(-1), axis=axis)
-        w = w.reshape((*w.shape[:axis], length, p.s, *w.shape[axis + 1:]))
+        w = w.reshape((*w.shape[:axis], length, p.stride, *w.shape[axis + 1:]))
     return w
 
 
@@ -220,16 +184,16 @@ def _subpixel(plan: ConvPlan, precision, b, w):
     # -> [Cb/G, G, s1..sd, Ca/G, L1..Ld]
     order = (1, 0, *(4 + 2 * i for i in range(nd)), 2, *(3 + 2 * i for i in range(nd)))
     fused = jnp.transpose(fused, order)
-    phases = math.prod(p.s for p in axes)
+    phases = math.prod(p.stride for p in axes)
     fused = fused.reshape((plan.b_channels // g, g * phases * ca_g, *lengths))
-    padding = [p.padding(p.top, n) for p, n in zip(axes, lengths)]
+    padding = [_padding(p, p.max_shift, n) for p, n in zip(axes, lengths)]
     data = _data_spec(plan)
     y = _conv_general(
         b, fused, window_strides=(1,) * nd, padding=padding,
         dimension_numbers=_dnums(data, (1, 0, *range(2, nd + 2)), data),
         feature_group_count=g, precision=precision, preferred_element_type=plan.acc_dtype)
     rows = y.shape[plan.spatial_axes[0]:plan.spatial_axes[0] + nd]
-    steps = tuple(p.s for p in axes)
+    steps = tuple(p.stride for p in axes)
     if plan.channels_last:   # [N, R.., G, s.., Ca/G] -> [N, R1, s1, .., Rd, sd, G, Ca/G]
         y = y.reshape((plan.batch, *rows, g, *steps, ca_g))
         order = (0, *itertools.chain.from_iterable((1 + i, nd + 2 + i) for i in range(nd)),
@@ -263,7 +227,7 @@ def _windows(plan: ConvPlan, b):
     x = _group_major(plan, b, plan.b_channels)
     config = [(0, 0, 0)] * x.ndim
     for i, p in enumerate(_phases(plan)):
-        config[2 + i] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+        config[2 + i] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
     return lax.pad(x, jnp.zeros((), x.dtype), config)
 
 
@@ -307,7 +271,7 @@ def _subpixel_matmul(plan: ConvPlan, precision, b, w):
     cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
     fused = _fused_kernel(plan, w)                 # [Cb, Ca/G, L1, s1, ..]
     lengths = fused.shape[2::2]
-    steps = tuple(p.s for p in axes)
+    steps = tuple(p.stride for p in axes)
     fused = fused.reshape((g, cb_g, ca_g, *fused.shape[2:]))
     # -> [G, L1..Ld, Cb/G, s1..sd, Ca/G]
     order = (0, *(3 + 2 * i for i in range(nd)), 1, *(4 + 2 * i for i in range(nd)), 2)
@@ -341,8 +305,8 @@ def _phases_matmul(plan: ConvPlan, precision, b, w):
     wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
     x = _windows(plan, b)
     parts = {}
-    for r in itertools.product(*(range(p.s) for p in axes)):
-        taps = list(itertools.product(*(zip(p.taps[ri], p.shifts[ri])
+    for r in itertools.product(*(range(p.stride) for p in axes)):
+        taps = list(itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
                                         for p, ri in zip(axes, r))))
         if not taps:
             parts[r] = jnp.zeros((g, plan.batch, *(p.rows for p in axes), ca_g),
@@ -351,7 +315,7 @@ def _phases_matmul(plan: ConvPlan, precision, b, w):
         kernel = jnp.stack([wc[(slice(None),) * 3 + tuple(k for k, _ in tap)]
                             for tap in taps], axis=1)           # [G, T, Cb/G, Ca/G]
         kernel = kernel.reshape((g, len(taps) * cb_g, ca_g))
-        offsets = [tuple(p.top - m for p, (_, m) in zip(axes, tap)) for tap in taps]
+        offsets = [tuple(p.max_shift - m for p, (_, m) in zip(axes, tap)) for tap in taps]
         parts[r] = _product(plan, precision, x, offsets, kernel)
     return _interleave(plan, axes, parts, group_major=True)
 
@@ -374,11 +338,11 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     acc = plan.acc_dtype
     wc = jnp.transpose(w, plan.weights_perm).astype(acc)   # [Cb, Ca/G, K..]
     wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
-    tops = tuple(p.top for p in axes)
-    lengths = tuple(p.top - p.bottom + 1 for p in axes)
+    tops = tuple(p.max_shift for p in axes)
+    lengths = tuple(p.max_shift + 1 for p in axes)
     config = [(0, 0, 0)] * b.ndim
     for ax, p, n in zip(plan.spatial_axes, axes, lengths):
-        config[ax] = (*p.padding(p.top, n), 0)
+        config[ax] = (*_padding(p, p.max_shift, n), 0)
     bp = lax.pad(b.astype(acc), jnp.zeros((), acc), config)
     # channels split into (G, Cb/G); one input channel of each group is sliced out per term,
     # its unit axis broadcasts against the Ca/G outputs
@@ -387,9 +351,9 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     spatial = tuple(ax + (ax > c) for ax in plan.spatial_axes)
     wshape = (g, ca_g) + (() if plan.channels_last else (1,) * nd)
     parts = {}
-    for r in itertools.product(*(range(p.s) for p in axes)):
+    for r in itertools.product(*(range(p.stride) for p in axes)):
         total = None
-        for tap in itertools.product(*(zip(p.taps[ri], p.shifts[ri])
+        for tap in itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
                                        for p, ri in zip(axes, r))):
             start = [0] * bp.ndim
             limit = list(bp.shape)
@@ -430,7 +394,7 @@ def _folded(plan: ConvPlan, precision, b, w):
     sa = plan.spatial_axes
     config = [(0, 0, 0)] * b.ndim
     for ax, p in zip(sa, axes):
-        config[ax] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+        config[ax] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
     x = lax.pad(b, jnp.zeros((), b.dtype), config)             # user layout, padded
     c = plan.channel_axis
     x = x.reshape((*x.shape[:c], g, cb_g, *x.shape[c + 1:]))    # channels split (G, Cb/G)
@@ -444,14 +408,15 @@ def _folded(plan: ConvPlan, precision, b, w):
     wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
     phase_shape = _phase_shape(plan, axes)
     parts = {}
-    for r0 in range(first.s):
-        taps0 = list(zip(first.taps[r0], first.shifts[r0]))
+    for r0 in range(first.stride):
+        taps0 = list(zip(first.taps[r0], first.phase_shifts[r0]))
         if not taps0:
-            for rr in itertools.product(*(range(p.s) for p in rest)):
+            for rr in itertools.product(*(range(p.stride) for p in rest)):
                 parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
             continue
         ax0 = sa[0] + (c < sa[0])                                # after the channel split
-        windows = [lax.slice_in_dim(x, first.top - m, first.top - m + first.rows, axis=ax0)
+        top = first.max_shift
+        windows = [lax.slice_in_dim(x, top - m, top - m + first.rows, axis=ax0)
                    for _, m in taps0]
         xd = jnp.stack(windows, axis=c + 1)                      # channels [G, T0, Cb/G]
         xd = _merge(xd, (*xd.shape[:c], g * len(taps0) * cb_g, *xd.shape[c + 3:]))
@@ -461,29 +426,29 @@ def _folded(plan: ConvPlan, precision, b, w):
         k0 = jnp.stack([wc[:, :, :, k] for k, _ in taps0], axis=1)   # [G, T0, Cb/G, Ca/G, ..]
         k0 = jnp.moveaxis(k0, 0, 2)                                  # [T0, Cb/G, G, Ca/G, ..]
         k0 = k0.reshape((len(taps0) * cb_g, g * ca_g, *k0.shape[4:]))
-        for rr in itertools.product(*(range(p.s) for p in rest)):
+        for rr in itertools.product(*(range(p.stride) for p in rest)):
             taps = [p.taps[ri] for p, ri in zip(rest, rr)]
             if not all(taps):
                 parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
                 continue
             sub = k0
             for i, (p, t) in enumerate(zip(rest, taps)):
-                sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.step, 2 + i)
+                sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.tap_step, 2 + i)
             sub = lax.rev(sub, tuple(range(2, 1 + nd)))          # a correlation
             # the window's first row is the phase's last tap: offset top - m (x is padded for
             # every tap's offset top - m); the merged axis keeps R0*B1' rows, the others rows
             padding = []
             for i, (p, ri, t) in enumerate(zip(rest, rr, taps)):
-                extent = (len(t) - 1) * p.dd + 1
-                lo = p.shifts[ri][-1] - p.top
-                hi = extent - 1 - lo if i == 0 else p.bottom - p.top + extent - 1 - lo
+                extent = (len(t) - 1) * p.shift_step + 1
+                lo = p.phase_shifts[ri][-1] - p.max_shift
+                hi = extent - 1 - lo if i == 0 else -p.max_shift + extent - 1 - lo
                 padding.append((lo, hi))
             if not folded:
                 sub = sub[..., None]
                 padding = [(0, 0)]
             z = _conv_general(
                 xd, sub, window_strides=(1,) * cn, padding=padding,
-                rhs_dilation=tuple(p.dd for p in rest) or (1,), dimension_numbers=dnums,
+                rhs_dilation=tuple(p.shift_step for p in rest) or (1,), dimension_numbers=dnums,
                 feature_group_count=g, precision=precision,
                 preferred_element_type=plan.acc_dtype)
             if folded:                                           # split, crop to rows
@@ -533,14 +498,14 @@ def _matmul_overlap_add(plan: ConvPlan, precision, b, w):
     y = y.reshape((plan.batch, *plan.b_spatial, ca, *plan.kernel))   # [N, B.., Ca, K..]
     config = [(0, 0, 0)] * y.ndim
     for i, p in enumerate(axes):
-        config[1 + i] = (*p.padding(p.top, p.top - p.bottom + 1), 0)
+        config[1 + i] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
     y = lax.pad(y, jnp.zeros((), y.dtype), config)
     parts = {}
-    for r in itertools.product(*(range(p.s) for p in axes)):
+    for r in itertools.product(*(range(p.stride) for p in axes)):
         total = None
-        for tap in itertools.product(*(zip(p.taps[ri], p.shifts[ri])
+        for tap in itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
                                        for p, ri in zip(axes, r))):
-            start = [0, *(p.top - m for p, (_, m) in zip(axes, tap)), 0,
+            start = [0, *(p.max_shift - m for p, (_, m) in zip(axes, tap)), 0,
                      *(k for k, _ in tap)]
             limit = [plan.batch, *(s0 + p.rows for s0, p in zip(start[1:], axes)), ca,
                      *(k + 1 for k, _ in tap)]
@@ -619,8 +584,8 @@ def subpixel_is_exact(plan: ConvPlan) -> bool:
     such products.
     """
     for p in _phases(plan):
-        window = tuple(range(p.bottom, p.top + 1))
-        if any(ms != window for ms in p.shifts):
+        window = tuple(range(p.max_shift + 1))
+        if any(ms != window for ms in p.phase_shifts):
             return False
     return True
 

@@ -59,7 +59,7 @@ def _weights_phases(plan: ConvPlan, precision, a, b):
     x = pad_large(plan, a)
     axes = _phases(plan)
     taps = {}
-    for r in itertools.product(*(range(p.s) for p in axes)):
+    for r in itertools.product(*(range(p.stride) for p in axes)):
         ks = [p.taps[ri] for p, ri in zip(axes, r)]
         if not all(ks):
             continue
@@ -67,11 +67,11 @@ def _weights_phases(plan: ConvPlan, precision, a, b):
         for ax, p, t, d, bs in zip(plan.spatial_axes, axes, ks, plan.dilations,
                                    plan.b_spatial):
             start[ax] = t[0] * d
-            limit[ax] = start[ax] + (bs - 1 + (len(t) - 1) * p.dd) * p.s + 1
-            strides[ax] = p.s
+            limit[ax] = start[ax] + (bs - 1 + (len(t) - 1) * p.shift_step) * p.stride + 1
+            strides[ax] = p.stride
         sub = lax.slice(x, start, limit, strides)
         w = _conv_general(
-            sub, b, window_strides=tuple(p.dd for p in axes), padding=[(0, 0)] * plan.ndim,
+            sub, b, window_strides=tuple(p.shift_step for p in axes), padding=[(0, 0)] * plan.ndim,
             dimension_numbers=_dnums(swapped, swapped, (perm[1], perm[0], *perm[2:])),
             batch_group_count=plan.groups, precision=precision,
             preferred_element_type=plan.acc_dtype)
