@@ -26,10 +26,10 @@ from ._compare import (
     compare,
     format_table,
     numpy_dtype,
-    resolve_op,
     trim,
 )
-from ._ops import _SHAPE_SIGNATURES, OPS, infer_shape
+from ._ops import infer_shape
+from ._optable import MAIN_OPS, lookup, spec
 
 _DTYPE_ALIASES = {"f32": "float32", "float32": "float32", "f16": "float16",
                   "float16": "float16", "half": "float16", "bf16": "bfloat16",
@@ -95,22 +95,12 @@ def _list_arg(text: str) -> tuple[str, ...]:
 def op_name(text: str) -> str:
     """An op as typed (``ConvTranspose``, ``convtranspose``, ``conv_transpose``) -> the polyconv
     function name."""
-    wanted = text.strip().lower().replace("-", "").replace("_", "")
-    for key, fn in OPS.items():
-        if key.lower().replace("-", "").replace("_", "") == wanted:
-            return fn.__name__
-    for name in _SHAPE_SIGNATURES:
-        if name.replace("_", "") == wanted:
-            return name
-    return resolve_op(text)[0]  # raises the ValueError that lists the known ops
+    return lookup(text).name
 
 
 def display_name(name: str) -> str:
-    """The oneDNN Graph name of a polyconv function name."""
-    for key, fn in OPS.items():
-        if fn.__name__ == name:
-            return key
-    return name
+    """The oneDNN Graph name (or older-spec name) of a polyconv function name."""
+    return spec(name).onednn
 
 
 def _add_shape_options(p: argparse.ArgumentParser, bias_shape: bool) -> None:
@@ -211,26 +201,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # polyconv shape
 # --------------------------------------------------------------------------------------------
 
-_OUTPUT_NAMES = {"convolution": "dst", "convolution_backward_data": "diff_src",
-                 "convolution_backward_weights": "diff_weights", "conv_transpose": "dst",
-                 "conv_transpose_backward_data": "diff_src",
-                 "conv_transpose_backward_weights": "diff_weights"}
-
-
 def _flag(role: str) -> str:
     return "--" + role.replace("_", "-")
 
 
 def cmd_shape(args: argparse.Namespace) -> int:
     name = op_name(args.op)
-    kind = _SHAPE_SIGNATURES[name][0]
     given = {r: getattr(args, r) for r in _SHAPE_OPTIONS if getattr(args, r) is not None}
     shapes, attrs = _shape_inputs(name, given, _attrs(args))
     plan = infer_shape(name, *trim(list(shapes.values())), **attrs)
     info = {
         "op": display_name(name),
         "function": name,
-        "output": _OUTPUT_NAMES[kind],
+        "output": spec(name).output,
         "shape": list(plan.shape),
         "pads_begin": list(plan.pads_begin),
         "pads_end": list(plan.pads_end),
@@ -275,7 +258,7 @@ def backend_info() -> list[dict[str, Any]]:
 def _shape_inputs(name: str, given: dict[str, Any], attrs: dict[str, Any]):
     """The user's shapes as the op's positional inputs (``dst_shape`` of ConvTranspose is a
     keyword); nothing is derived."""
-    kind, positional, _ = _SHAPE_SIGNATURES[name]
+    kind, positional = spec(name).kind, spec(name).positional
     attrs = dict(attrs)
     if kind == "conv_transpose" and "dst_shape" in given:
         attrs["dst_shape"] = given.pop("dst_shape")
@@ -319,9 +302,8 @@ class Case:
     dst_shape: tuple[int, ...] | None = None
 
 
-_CONV_OPS = ("convolution", "convolution_backward_data", "convolution_backward_weights")
-_TCONV_OPS = ("conv_transpose", "conv_transpose_backward_data",
-              "conv_transpose_backward_weights")
+_CONV_OPS = tuple(s.name for s in MAIN_OPS if s.family == "convolution")
+_TCONV_OPS = tuple(s.name for s in MAIN_OPS if s.family == "conv_transpose")
 
 # Small shapes on purpose: the suite's time is JAX compilation, one per case and dtype.
 # Together the cases use both data formats and all four weight formats in each family.
@@ -371,7 +353,7 @@ SUITE: tuple[Case, ...] = (
 def _forward_attrs(name: str, attrs: dict[str, Any], family: str) -> dict[str, Any]:
     """The attributes of the family's forward op that produce an op's inputs."""
     out = {k: v for k, v in attrs.items() if k != "dst_shape"}
-    out["weights_format"] = attrs.get("weights_format") or _SHAPE_SIGNATURES[name][2]
+    out["weights_format"] = attrs.get("weights_format") or spec(name).weights_format
     if family == "convolution":
         out.pop("output_padding", None)
     return out
@@ -387,8 +369,7 @@ def derive_inputs(name: str, attrs: dict[str, Any], given: dict[str, Any], *,
     and ``weights_shape`` from ``weights``; ``bias`` comes from the output channels. The result
     is validated by :func:`~polyconv.infer_shape` (the op's own errors).
     """
-    kind = _SHAPE_SIGNATURES[name][0]
-    family = "convolution" if kind.startswith("convolution") else "conv_transpose"
+    kind, family = spec(name).kind, spec(name).family
     given = dict(given)
 
     def need(role: str, how: str = ""):

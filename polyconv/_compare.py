@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ._backends import backend_samples, check_arrays, dtype_name, get_backend
-from ._ops import _SHAPE_SIGNATURES, OPS, infer_shape
+from ._ops import infer_shape
+from ._optable import lookup
 
 __all__ = ["BackendResult", "Comparison", "compare"]
 
@@ -210,20 +211,6 @@ class Comparison:
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_op(op: str | Callable[..., Any]) -> tuple[str, tuple[str, ...]]:
-    """The polyconv function name of ``op`` and its positional input names."""
-    if isinstance(op, str):
-        fn = OPS.get(op)
-        name = fn.__name__ if fn is not None else op
-    else:
-        name = getattr(op, "__name__", None)
-    if name not in _SHAPE_SIGNATURES:
-        msg = (f"unknown op {op!r}; known ops are {', '.join(map(repr, OPS))} "
-               f"(or the polyconv function names)")
-        raise ValueError(msg)
-    return name, _SHAPE_SIGNATURES[name][1]
-
-
 def _function(name: str) -> Callable[..., Any]:
     from . import _ops
 
@@ -278,7 +265,8 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
     >>> report.ok, report.shape
     (True, (1, 10, 10, 2))
     """
-    name, positional = resolve_op(op)
+    op_spec = lookup(op)
+    name, positional = op_spec.name, op_spec.positional
     fn = _function(name)
     if "backend" in attrs:
         msg = "compare: pass backends=[...], not backend="

@@ -529,11 +529,6 @@ OPS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType({
 """Every op name (oneDNN Graph names and older-spec names, with and without ``-1``) -> function."""
 
 
-#: function name -> (kind, positional inputs, default weights_format); read by the command
-#: line and compare until they take records from the op table themselves
-_SHAPE_SIGNATURES = {s.name: (s.kind, s.positional, s.weights_format) for s in OP_TABLE}
-
-
 def infer_shape(op: str | Callable[..., Any], *input_shapes: Sequence[int] | None,
                 **attrs: Any) -> ConvPlan:
     """Shape inference with no arrays: the output shape and the resolved pads of a call.
