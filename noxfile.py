@@ -1,47 +1,19 @@
 """The test matrix, one session per backend, plus lint.
 
-``nox`` runs every default session; ``nox -s tests-numpy`` runs one. Each test session sets
-``POLYCONV_TEST_BACKENDS`` so that a backend that fails to install is an error, not a skip.
+``nox`` runs every default session; ``nox -s "tests(numpy)"`` runs one backend's tests. Each
+test session sets ``POLYCONV_TEST_BACKENDS`` so that a backend that fails to install is an
+error, not a skip.
 """
 
 from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests-numpy", "tests-jax", "tests-array_api", "tests-torch",
-                         "docs", "examples"]
+nox.options.sessions = ["lint", "tests", "docs", "examples"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
-
-
-def _pytest(session: nox.Session, targets: str, *extra: str) -> None:
-    session.run(
-        "pytest", "-n", "auto", *extra, *session.posargs,
-        env={"POLYCONV_TEST_BACKENDS": targets},
-    )
-
-
-@nox.session(name="tests-numpy")
-def tests_numpy(session: nox.Session) -> None:
-    """The shared matrix on the numpy backend."""
-    session.install(".", *TEST_DEPS)
-    _pytest(session, "numpy")
-
-
-@nox.session(name="tests-jax")
-def tests_jax(session: nox.Session) -> None:
-    """The shared matrix on numpy and JAX, plus the JAX-only tests."""
-    session.install(".[jax]", *TEST_DEPS)
-    _pytest(session, "numpy,jax")
-
-
-@nox.session(name="tests-array_api")
-def tests_array_api(session: nox.Session) -> None:
-    """The generic array-API backend on array-api-strict, numpy and jax.numpy arrays."""
-    session.install(".[jax,array-api]", *TEST_DEPS)
-    _pytest(session, "numpy,array_api-strict,array_api-numpy,array_api-jax")
 
 
 # CPU-only PyTorch, never the CUDA build: the exact local version "+cpu" exists only on
@@ -50,13 +22,22 @@ def tests_array_api(session: nox.Session) -> None:
 TORCH_VERSION = "2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
+#: backend -> (what to install, whether CPU torch too, the test targets it runs: see
+#: tests/conftest.py TARGETS). Each target runs in exactly one session; the tests that need no
+#: backend (geometry, oracle, command line, packaging) run once, in the numpy session, which
+#: has torch as the independent reference of tests/test_vs_torch.py. The torch session has
+#: JAX too, so that the PyTorch porting example meets both libraries.
+BACKENDS = {
+    "numpy": (".", True, "numpy"),
+    "jax": (".[jax]", False, "jax"),
+    "array_api": (".[jax,array-api]", False, "array_api-strict,array_api-numpy,array_api-jax"),
+    "torch": (".[jax,array-api]", True, "torch,array_api-torch"),
+}
 
-@nox.session(name="tests-torch")
-def tests_torch(session: nox.Session) -> None:
-    """The generic array-API backend on torch.Tensor inputs (CPU torch; skipped visibly when
-    torch cannot be installed here). JAX is installed too, so that the PyTorch porting
-    example meets both libraries."""
-    session.install(".[jax,array-api]", *TEST_DEPS)
+
+def _install_torch(session: nox.Session, backend: str) -> None:
+    """CPU torch; where it cannot be installed the torch session is skipped visibly and the
+    numpy session runs without its torch comparisons (they skip visibly too)."""
     import sys
 
     from nox.command import CommandFailed
@@ -65,8 +46,24 @@ def tests_torch(session: nox.Session) -> None:
     try:
         session.install(spec, "--extra-index-url", TORCH_CPU_INDEX)
     except CommandFailed as exc:
-        session.skip(f"torch is not installable here: `pip install {spec}` failed ({exc})")
-    _pytest(session, "numpy,array_api-torch")
+        why = f"torch is not installable here: `pip install {spec}` failed ({exc})"
+        if backend == "torch":
+            session.skip(why)
+        session.warn(why)
+
+
+@nox.session
+@nox.parametrize("backend", list(BACKENDS), ids=list(BACKENDS))
+def tests(session: nox.Session, backend: str) -> None:
+    """The shared matrix on one backend's targets, plus that backend's own tests
+    (``nox -s "tests(jax)"`` runs one; the torch session uses CPU torch and is skipped visibly
+    when torch cannot be installed here)."""
+    install, with_torch, targets = BACKENDS[backend]
+    session.install(install, *TEST_DEPS)
+    if with_torch:
+        _install_torch(session, backend)
+    session.run("pytest", "-n", "auto", *session.posargs,
+                env={"POLYCONV_TEST_BACKENDS": targets})
 
 
 @nox.session

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,15 +127,41 @@ def jax_x64():
     jax.config.update("jax_enable_x64", before)
 
 
+#: test modules that belong to one backend (``only_with_target``) -> that target
+_OWNED: dict[str, str] = {}
+
+
 def only_with_target(name: str) -> None:
     """Skip the calling test module unless this run selects target ``name``: tests of one
     backend's own features (jit, grad, sharding, its lowerings) run once, in that backend's
     session, not again in every session that happens to have its library installed."""
+    _OWNED[sys._getframe(1).f_globals["__name__"]] = name
     requested = _requested()
     if requested and name not in requested:
         pytest.skip(f"tests of the {name} backend's own features run where "
-                    f"POLYCONV_TEST_BACKENDS names {name!r} (nox -s tests-{name})",
+                    f"POLYCONV_TEST_BACKENDS names {name!r} (nox -s \"tests({name})\")",
                     allow_module_level=True)
+
+
+#: the target whose session also runs the tests that need no backend at all
+BACKEND_FREE_SESSION = "numpy"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test runs in one session: a test that takes no target (the geometry, the oracle,
+    the command line, packaging, the numpy backend's internals) and belongs to no backend's
+    own module runs where the numpy target is selected, and is deselected elsewhere."""
+    requested = _requested()
+    if not requested or BACKEND_FREE_SESSION in requested:
+        return
+    keep, drop = [], []
+    for item in items:
+        owned = item.module.__name__ in _OWNED
+        per_target = {"target", "lib"} & set(getattr(item, "fixturenames", ()))
+        (keep if owned or per_target else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _selected() -> list[Target]:
