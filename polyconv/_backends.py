@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
 from ._geometry import ConvPlan
@@ -145,11 +145,6 @@ def _installed(entry: BackendEntry) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in (entry.module, *entry.requires))
 
 
-@cache
-def _installed_once(entry: BackendEntry) -> bool:
-    return _installed(entry)
-
-
 def registered_backends() -> tuple[str, ...]:
     """Names of every backend polyconv knows, installed or not."""
     return (*_BUILTIN, *_entry_points())
@@ -217,7 +212,9 @@ def infer_backend(op: str, arrays: dict[str, Any]) -> str:
     """Pick the backend from the input arrays (of one library, see ``check_one_library``)."""
     lib = check_one_library(op, arrays)
     for name, entry in _BUILTIN.items():
-        if lib in entry.libraries and _installed_once(entry):
+        # a loaded backend is installed: no file-system lookup (nor one that torch.compile
+        # cannot trace) once it has run
+        if lib in entry.libraries and (name in _LOADED or _installed(entry)):
             return name
     for name in _entry_points():  # imported only for arrays no built-in backend owns
         if lib in getattr(get_backend(name, op), "libraries", ()):

@@ -79,6 +79,11 @@ CASES: tuple[Case, ...] = (
          dict(strides=2, pads_begin=1, pads_end=1, output_padding=1),
          extra=((3, 3, 64, 64),)),
     _ct("ConvTranspose 2D bf16", 8, (32, 32), 64, 64, 3, 2, 1, 1, dtype="bfloat16"),
+    Case("ConvolutionBackwardData 2D 8x56x56x64 k3 s2 p1", "convolution_backward_data",
+         ((8, 28, 28, 64), (3, 3, 64, 64)), dict(strides=2, pads_begin=1, pads_end=1),
+         extra=((56, 56),)),
+    Case("Convolution 2D 8x56x56x64->64 k4 s2 same_upper (asymmetric)", "convolution",
+         ((8, 56, 56, 64), (4, 4, 64, 64)), dict(strides=2, auto_pad="same_upper")),
 )
 
 
@@ -126,6 +131,16 @@ def _polyconv_array_api_torch(case: Case, arrays):
     return lambda: fn(*xs, *case.extra, backend="array_api", **case.attrs)
 
 
+def _polyconv_torch(case: Case, arrays):
+    """polyconv's PyTorch backend on PyTorch tensors (the user's NXC layout, contiguous)."""
+    import torch
+
+    tdt = _torch_dtype(case)
+    fn = getattr(polyconv, case.op)
+    xs = [torch.from_numpy(a.astype(np.float32)).to(tdt) for a in arrays]
+    return lambda: fn(*xs, *case.extra, **case.attrs)
+
+
 def _torch_weights_iox(w: np.ndarray):
     """XOI [K.., OC/G, IC] or XIO [K.., IC/G, OC] -> channels-first [.., .., K..]."""
     return np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1)))
@@ -145,9 +160,18 @@ def _torch(case: Case, arrays):
         t = t.to(tdt)
         return t.contiguous(memory_format=memfmt) if memfmt else t
 
-    if any(b != e for b, e in zip(p.pads_begin, p.pads_end)):
-        return None  # torch has no asymmetric pads
     pad = list(p.pads_begin)
+    if any(b != e for b, e in zip(p.pads_begin, p.pads_end)):
+        if case.op != "convolution":
+            return None
+        # torch has no asymmetric pads: a user pads the input first (TF/Keras "SAME" ports)
+        extra = [q for b, e in reversed(list(zip(p.pads_begin, p.pads_end))) for q in (b, e)]
+        x, w = arrays
+        xt = data(x)
+        wt = torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
+        return lambda: f(F.pad(xt, extra), wt, stride=p.strides, dilation=p.dilations,
+                         groups=p.groups)
     if case.op == "conv_transpose":
         x, w = arrays
         xt, wt = data(x), torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
@@ -160,6 +184,14 @@ def _torch(case: Case, arrays):
         xt, wt = data(x), torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
         f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
         return lambda: f(xt, wt, stride=p.strides, padding=pad, dilation=p.dilations,
+                         groups=p.groups)
+    if case.op == "convolution_backward_data":
+        diff_dst, w = arrays
+        dy = data(diff_dst)
+        wt = torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        size = (p.batch, p.a_channels, *p.a_spatial)
+        f = getattr(torch.nn.grad, f"conv{d}d_input")
+        return lambda: f(size, wt, dy, stride=p.strides, padding=pad, dilation=p.dilations,
                          groups=p.groups)
     transposed = case.op == "conv_transpose_backward_weights"
     src, diff_dst = (data(a) for a in arrays)
@@ -255,6 +287,7 @@ COMPETITORS: tuple[Competitor, ...] = (
     Competitor("polyconv-numpy", None, _polyconv_numpy),
     Competitor("polyconv-jax", "jax", _polyconv_jax),
     Competitor("polyconv-array-api", "torch", _polyconv_array_api_torch),
+    Competitor("polyconv-torch", "torch", _polyconv_torch),
     Competitor("torch", "torch", _torch),
     Competitor("lax", "jax", _lax),
 )
