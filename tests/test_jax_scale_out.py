@@ -1,4 +1,6 @@
-"""A small decoder's data-parallel training step (forward, ``jax.grad``, update) built from
+"""Multi-device JAX: the six ops and every lowering on batch-sharded inputs over 8 CPU devices
+(workers ``tests/workers/sharded_ops.py`` and ``sharded_lowerings.py``), and a small decoder's
+data-parallel training step (forward, ``jax.grad``, update) built from
 polyconv ops equals the same step on one device: batch-sharded over 8 CPU devices in one
 process, and over 2 processes on localhost with ``jax.distributed``. The worker is
 ``tests/workers/decoder_step.py``; each run is bounded in time."""
@@ -28,6 +30,27 @@ def _env(devices: int) -> dict[str, str]:
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
     return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": flags.strip()}
+
+
+def _worker(name: str, *args: str, devices: int = 8) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / name), *args],
+                          env=_env(devices), capture_output=True, text=True, timeout=TIMEOUT,
+                          check=False)
+
+
+def test_sharded_batch_over_8_devices():
+    result = _worker("sharded_ops.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sharding ok" in result.stdout
+
+
+def test_every_lowering_keeps_a_batch_sharding():
+    """Every lowering runs on batch-sharded inputs under auto sharding, and the data-output
+    ones under explicit sharding too (no reshape merges the batch axis or more than one run
+    of axes), and keeps the batch split."""
+    result = _worker("sharded_lowerings.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "lowerings sharding ok" in result.stdout
 
 
 def test_training_step_sharded_over_8_devices():

@@ -1,0 +1,689 @@
+"""The JAX backend's lowerings, each forced over the attribute grid against the float64
+oracle: backward_data, backward_weights and forward, in every dtype and layout; forcing,
+the default choice, NaN locality; and the one padded row of unpadded 2-D convolutions on CPU.
+Helpers shared with tests/test_jax.py come from it."""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import numpy as np
+import pytest
+from conftest import only_with_target
+
+only_with_target("jax")
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+import polyconv_jax  # noqa: E402
+from jax_grid import (  # noqa: E402
+    _LAYOUTS,
+    _bias_grad,
+    _close,
+    _data,
+    _hlo,
+    _per_axis,
+    _weights,
+)
+from oracle import assert_within_bound, reference  # noqa: E402
+from polyconv_jax import _backward_data, _choice, _forward, _xla  # noqa: E402
+
+import polyconv  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("jax_x64")   # the comparisons here are in float64
+
+# --------------------------------------------------------------------------------------------
+# backward_data lowerings: each one over the attribute grid, against the oracle
+# --------------------------------------------------------------------------------------------
+
+BACKWARD_DATA_LOWERINGS = _choice.LOWERINGS["backward_data"]
+
+# (op, kernel, attributes, groups). Tuples are per axis and cut to the rank. "groups": an int;
+# "dw": one input channel of the primitive's small tensor per group (depthwise); "dw2": the
+# same with two output channels per group (channel multiplier). "dst": a dst_shape one row
+# longer than the attributes give (conv_transpose), or the src shape (convolution family).
+_BD_VARIANTS = (
+    ("conv_transpose", (3, 3, 3),
+     {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1}, 1),
+    ("conv_transpose", (3, 2, 3),
+     {"strides": (3, 2, 1), "pads_begin": (2, 0, 1), "pads_end": (0, 1, 2),
+      "output_padding": (2, 1, 0)}, 2),
+    # dilation not coprime with the stride: phases that no tap reaches
+    ("conv_transpose", (3, 2, 3),
+     {"strides": 2, "dilations": 2, "pads_begin": (1, 0, 2), "pads_end": (2, 1, 0),
+      "output_padding": 1}, "dw"),
+    ("conv_transpose", (2, 3, 3),
+     {"strides": (3, 2, 3), "dilations": (3, 4, 2), "output_padding": (0, 1, 2)}, 1),
+    # kernel smaller than the stride
+    ("conv_transpose", (1, 2, 1),
+     {"strides": (3, 3, 2), "output_padding": (2, 1, 1)}, "dw2"),
+    ("conv_transpose", (3, 4, 2),
+     {"auto_pad": "same_upper", "strides": 2, "output_padding": 1}, 2),
+    ("conv_transpose", (2, 3, 3),
+     {"auto_pad": "same_lower", "strides": (3, 2, 2), "dilations": (2, 1, 2)}, "dw"),
+    ("conv_transpose", (3, 3, 2),
+     {"auto_pad": "valid", "strides": (2, 1, 3), "output_padding": (1, 0, 2)}, "dw2"),
+    # pads larger than the kernel: phases cropped away at the start
+    ("conv_transpose", (2, 3, 2),
+     {"strides": 2, "pads_begin": (4, 3, 2), "pads_end": (0, 5, 1)}, 2),
+    ("conv_transpose", (3, 3, 3),
+     {"strides": 3, "pads_begin": 1, "pads_end": (2, 1, 0), "dst": True}, 1),
+    ("conv_transpose", (3, 1, 2), {"strides": (1, 3, 1), "pads_begin": (1, 0, 0)}, "dw2"),
+    ("conv_transpose", (3, 2, 3), {"dilations": 2, "pads_begin": 1}, 2),   # no stride
+    ("convolution_backward_data", (3, 3, 2),
+     {"strides": 2, "pads_begin": (1, 0, 1), "pads_end": (0, 1, 1), "dst": True}, 2),
+    ("convolution_backward_data", (3, 2, 3),
+     {"auto_pad": "same_upper", "strides": (2, 3, 2), "dst": True}, "dw"),
+    ("convolution_backward_data", (4, 3, 2),
+     {"strides": (3, 2, 2), "dilations": (2, 2, 1), "output_padding": (1, 1, 0)}, 3),
+    ("convolution_backward_data", (2, 2, 3),
+     {"auto_pad": "same_lower", "strides": 2, "dilations": (3, 1, 2), "dst": True}, 1),
+)
+_SMALL_BD = {1: (4,), 2: (3, 4), 3: (3, 2, 3)}
+
+
+def _bd_channels(op, groups):
+    """(channels of the op's data input, of its output, groups); ``dw``: one channel of the
+    small tensor ``b`` per group."""
+    if groups == "dw":
+        return 3, 3, 3
+    if groups == "dw2":
+        return 2, 4, 2
+    return {1: (3, 4, 1), 2: (4, 6, 2), 3: (6, 3, 3)}[groups]
+
+
+def _bd_case(op, kernel, variant, groups, nd, fmt, wfmt):
+    """Arrays (float64) and keyword arguments of one backward_data call, for ``op``."""
+    rng = np.random.default_rng(zlib.crc32(repr((op, kernel, nd, fmt, wfmt)).encode()))
+    cin, cout, g = _bd_channels(op, groups)
+    kernel = kernel[:nd]
+    attrs = {k: _per_axis(v, nd) for k, v in variant.items() if k != "dst"}
+    attrs.update(data_format=fmt, weights_format=wfmt, groups=g)
+    family = "convolution" if op.startswith("convolution") else "conv_transpose"
+    # cin = Cb (diff_dst of the convolution family, src of conv_transpose), cout = Ca
+    w = _weights(rng, cin, cout // g, kernel, wfmt, family)
+    small = list(_SMALL_BD[nd])
+    for _ in range(6):   # grow the input until the geometry is valid (large pads)
+        shape = (2, *small, cin) if fmt == "NXC" else (2, cin, *small)
+        try:
+            plan = polyconv.infer_shape(op, shape, w.shape, **attrs)
+            break
+        except ValueError:
+            small = [b + 1 for b in small]
+    else:
+        raise AssertionError("no valid geometry")
+    if variant.get("dst"):
+        grow = 1 if family == "conv_transpose" else 0
+        sp = tuple(a + grow for a in plan.a_spatial)
+        attrs["dst_shape"] = sp if nd % 2 else plan.with_(a_spatial=sp).a_shape
+        plan = polyconv.infer_shape(op, shape, w.shape, **attrs)
+    x = rng.uniform(-1, 1, shape)
+    arrays = [x, rng.uniform(-1, 1, w.shape)]
+    if family == "conv_transpose":
+        arrays.append(rng.uniform(-1, 1, plan.a_channels))   # bias
+    return plan, arrays, attrs
+
+
+def _lowering_params(lowerings, applies):
+    """Every lowering that ``applies(lowering, groups)`` on two variants per layout."""
+    params = []
+    for i, (nd, fmt, wfmt) in enumerate(_LAYOUTS):
+        for j in range(2):
+            v = (3 * i + 5 * j) % len(_BD_VARIANTS)
+            op, kernel, variant, groups = _BD_VARIANTS[v]
+            for lowering in lowerings:
+                # an ungrouped-only lowering takes the variant's geometry without groups
+                g = groups if applies(lowering, groups) else 1
+                if applies(lowering, g):
+                    params.append(pytest.param(op, kernel, variant, g, nd, fmt, wfmt, lowering,
+                                               id=f"{lowering}-{nd}d-{fmt}-{wfmt}-v{v}-g{g}"))
+    return params
+
+
+def _bd_params():
+    def applies(lowering, groups):
+        if lowering == "matmul_overlap_add":
+            return groups == 1
+        return lowering != "grouped" or groups != 1
+
+    return _lowering_params(BACKWARD_DATA_LOWERINGS, applies)
+
+
+@pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
+                         _bd_params())
+def test_backward_data_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,
+                                                   lowering):
+    plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
+    assert plan.primitive == "backward_data"
+    assert _backward_data.applicable(plan, lowering)
+    if lowering == "direct" and _backward_data.direct_aborts_xla_cpu(plan):
+        pytest.skip("XLA CPU aborts compiling this lhs-dilated convolution (see "
+                    "direct_aborts_xla_cpu); the other lowerings cover the geometry")
+    with polyconv_jax.force_lowering(backward_data=lowering):
+        y = getattr(polyconv, op)(*(jnp.asarray(a) for a in arrays), **attrs)
+    ref = reference(op, *arrays, **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+
+
+@pytest.mark.parametrize("primitive", ["forward", "backward_data", "backward_weights"])
+def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
+    """Guard the grids: every lowering meets strides 1-3, mixed strides, dilations that
+    share a factor with the stride, kernels smaller than the stride, every auto_pad,
+    output_padding, dst_shape, groups and depthwise (where it computes grouped plans), both
+    formats, all weights formats and ranks 1-3."""
+    seen: dict[str, set] = {name: set() for name in _choice.LOWERINGS[primitive]}
+    params = {"forward": _fw_params, "backward_data": _bd_params,
+              "backward_weights": _bw_params}[primitive]
+    for p in params():
+        op, kernel, variant, groups, nd, fmt, wfmt, lowering = p.values
+        plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
+        features = seen[lowering]
+        features.update({f"rank{nd}", fmt, wfmt, op, f"auto_pad={variant.get('auto_pad')}"})
+        features.update(f"s{s}" for s in plan.strides)
+        if len(set(plan.strides)) > 1:
+            features.add("mixed strides")
+        if any(np.gcd(d, s) > 1 and s > 1 for d, s in zip(plan.dilations, plan.strides)):
+            features.add("d, s not coprime")
+        if any(k < s for k, s in zip(plan.kernel, plan.strides)):
+            features.add("k < s")
+        if any(plan.output_padding):
+            features.add("output_padding")
+        if "dst" in variant:
+            features.add("dst_shape")
+        if plan.pads_begin != plan.pads_end:
+            features.add("asymmetric pads")
+        features.add("depthwise" if plan.b_channels == plan.groups > 1 else
+                     "groups" if plan.groups > 1 else "no groups")
+    common = {"rank1", "rank2", "rank3", "NXC", "NCX", "XIO", "OIX", "IOX", "XOI", "s1", "s2",
+              "s3", "mixed strides", "k < s", "output_padding", "dst_shape",
+              "asymmetric pads", "conv_transpose", "convolution_backward_data",
+              "d, s not coprime", "depthwise", "groups", "auto_pad=same_upper",
+              "auto_pad=same_lower", "auto_pad=valid", "auto_pad=None"}
+    for lowering, features in seen.items():
+        ungrouped_only = lowering in ("matmul_overlap_add", "patches_matmul")
+        needed = common - ({"depthwise", "groups"} if ungrouped_only else set())
+        if lowering == "depthwise":        # depthwise plans only
+            needed -= {"groups", "no groups"}
+        assert needed <= features, (lowering, sorted(needed - features))
+
+
+@pytest.mark.parametrize("lowering", BACKWARD_DATA_LOWERINGS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_backward_data_lowering_low_precision(lowering, dtype):
+    """f32 accumulation and one rounding at the end in every lowering
+    (docs/numerics.md#accumulation)."""
+    from oracle import random_array
+
+    rng = np.random.default_rng(12)
+    groups = 4 if lowering == "elementwise" else 2
+    x = random_array(rng, (2, 5, 4, 4), dtype)                 # NXC, IC = 4
+    w = random_array(rng, (3, 3, 8 // groups, 4), dtype)      # XOI: OC = 8
+    bias = random_array(rng, (8,), dtype)
+    attrs = {"strides": 2, "pads_begin": (1, 0), "pads_end": (0, 1), "output_padding": 1,
+             "groups": groups}
+    with polyconv_jax.force_lowering(backward_data=lowering):
+        y = polyconv.conv_transpose(jnp.asarray(x), jnp.asarray(w), jnp.asarray(bias), **attrs)
+    assert y.dtype == np.dtype(x.dtype)
+    ref = reference("conv_transpose", x, w, bias, **attrs)
+    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+
+@pytest.mark.parametrize("lowering", BACKWARD_DATA_LOWERINGS)
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+def test_grad_and_vmap_through_each_backward_data_lowering(lowering, fmt):
+    """jax.grad of conv_transpose through every lowering equals the backward ops; vmap over a
+    leading axis equals a loop; both inside jit."""
+    rng = np.random.default_rng(13)
+    groups = 4 if lowering == "elementwise" else 2
+    attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2),
+             "output_padding": (1, 2), "dilations": (1, 2), "groups": groups,
+             "data_format": fmt, "weights_format": "IOX"}
+    x = jnp.asarray(_data(rng, 2, 4, (3, 4), fmt))
+    w = jnp.asarray(rng.standard_normal((4, 8 // groups, 3, 2)))   # IOX [IC, OC/G, K..]
+    bias = jnp.asarray(rng.standard_normal(8))
+    y_shape = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs).shape
+    cot = jnp.asarray(rng.standard_normal(y_shape))
+
+    @jax.jit
+    def grads_and_ops(x, w, bias, cot):
+        def loss(x, w, bias):
+            return jnp.vdot(polyconv.conv_transpose(x, w, bias, **attrs), cot)
+
+        return (jax.grad(loss, argnums=(0, 1, 2))(x, w, bias),
+                (polyconv.conv_transpose_backward_data(cot, w, **attrs),
+                 polyconv.conv_transpose_backward_weights(x, cot, w.shape, **attrs),
+                 _bias_grad(cot, fmt)))
+
+    with polyconv_jax.force_lowering(backward_data=lowering):
+        grads, ops = grads_and_ops(x, w, bias, cot)
+        stacked = jnp.stack([x, 2.0 * x - 1.0, -x])
+        mapped = jax.jit(jax.vmap(lambda x: polyconv.conv_transpose(x, w, bias, **attrs)))(
+            stacked)
+        direct = [polyconv.conv_transpose(stacked[i], w, bias, **attrs) for i in range(3)]
+    for grad, op in zip(grads, ops):
+        _close(grad, op)
+    for i in range(3):
+        _close(mapped[i], direct[i])
+
+
+def _convolutions(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "stablehlo.convolution" in line]
+
+
+def _lhs_dilated(text: str) -> bool:
+    """Whether any convolution in ``text`` dilates its input (the transposed slow path)."""
+    return any(set(m.split(", ")) != {"1"}
+               for m in re.findall(r"lhs_dilate = \[([^\]]*)\]", text))
+
+
+def test_force_lowering_reaches_xla():
+    """What each forced lowering traces to (and that the setting is scoped)."""
+    rng = np.random.default_rng(14)
+    x = jnp.asarray(rng.standard_normal((1, 4, 4, 4)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 3, 2, 4)), jnp.float32)   # XOI, groups 2
+
+    def hlo(groups, w=w):
+        return _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2, groups=groups), x, w)
+
+    with polyconv_jax.force_lowering(backward_data="direct"):
+        (conv,) = _convolutions(hlo(2))
+        assert "lhs_dilate = [2, 2]" in conv and _lhs_dilated(conv)
+    with polyconv_jax.force_lowering(backward_data="phases"):
+        convs = _convolutions(hlo(2))
+        assert len(convs) == 4 and not _lhs_dilated(hlo(2))
+    with polyconv_jax.force_lowering(backward_data="subpixel"):
+        (conv,) = _convolutions(hlo(2))
+        assert not _lhs_dilated(conv)
+    for lowering in ("phases_matmul", "subpixel_matmul"):
+        with polyconv_jax.force_lowering(backward_data=lowering):
+            text = hlo(2)
+            assert not _convolutions(text) and "stablehlo.dot_general" in text
+    with polyconv_jax.force_lowering(backward_data="phases_folded"):
+        # one stride-1 convolution per phase of the second axis per phase of the first (2-D:
+        # 1-D convolutions over the merged rows), none lhs-dilated, no matrix product
+        text = hlo(2)
+        convs = _convolutions(text)
+        assert len(convs) == 4 and not _lhs_dilated(text) and "dot_general" not in text
+        assert all("dim_numbers = [b, 0, f]x[i, o, 0]->[b, 0, f]" in c for c in convs)
+    with polyconv_jax.force_lowering(backward_data="grouped"):   # one product per group
+        text = hlo(2)
+        assert not _lhs_dilated(text)
+        assert text.count("stablehlo.dot_general") + len(_convolutions(text)) >= 2
+    with polyconv_jax.force_lowering(backward_data="elementwise"):
+        text = hlo(2)
+        assert not _convolutions(text) and "dot_general" not in text
+        # not applicable (more than ELEMENTWISE_MAX_CHANNELS input channels per group): the
+        # default choice instead
+        wide = _forward.ELEMENTWISE_MAX_CHANNELS + 1
+        text = _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2),
+                    jnp.ones((1, 4, 4, wide), jnp.float32), jnp.ones((3, 3, 2, wide), jnp.float32))
+        assert _convolutions(text) or "dot_general" in text
+        assert not _lhs_dilated(text)
+    # an empty setting inside a forced one: the defaults again
+    with polyconv_jax.force_lowering(backward_data="direct"), polyconv_jax.force_lowering():
+        assert not _lhs_dilated(hlo(2))
+
+
+def test_force_lowering_from_the_environment(monkeypatch):
+    rng = np.random.default_rng(15)
+    x = jnp.asarray(rng.standard_normal((1, 4, 4, 2)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 3, 4, 2)), jnp.float32)
+
+    def text():
+        return _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2), x, w)
+
+    assert not _lhs_dilated(text())
+    monkeypatch.setenv(_choice.ENV_VAR, " backward_data = direct ")
+    assert _lhs_dilated(text())
+    monkeypatch.setenv(_choice.ENV_VAR, "backward_data=nonesuch")
+    with pytest.raises(ValueError, match="POLYCONV_JAX_LOWERING: unknown lowering "
+                                         "backward_data='nonesuch'"):
+        text()
+    with (pytest.raises(ValueError, match="force_lowering: unknown lowering forward='phases'"),
+          polyconv_jax.force_lowering(forward="phases")):
+        pass
+
+
+def test_default_lowering_choice():
+    """The measured heuristic (see polyconv_jax._backward_data): no strided backward_data is left
+    to XLA's lhs-dilated convolution."""
+    choose = _backward_data.choose_backward_data
+
+    def plan(src, w, **attrs):
+        return polyconv.infer_shape("ConvTranspose", src, w, **attrs)
+
+    assert choose(plan((8, 32, 32, 64), (3, 3, 64, 64))) == "direct"          # no stride
+    assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), strides=2, groups=64)) == "elementwise"
+    assert choose(plan((8, 32, 32, 64), (3, 3, 2, 64), strides=2, groups=16)) == "elementwise"
+    assert choose(plan((8, 32, 32, 64), (3, 3, 8, 64), strides=2, groups=8)) == "grouped"
+    assert choose(plan((2, 8, 8, 512), (3, 3, 1, 512), strides=2, groups=64)) == "phases_matmul"
+    assert choose(plan((8, 32, 32, 64), (2, 2, 64, 64), strides=2)) == "phases_matmul"
+    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases_folded"
+    assert choose(plan((2, 16, 16, 16, 16), (3, 3, 3, 16, 16), strides=2)) == "phases_matmul"
+    assert choose(plan((2, 16, 16, 16, 32), (4, 4, 4, 32, 32), strides=2)) == "phases_folded"
+    assert choose(plan((2, 4, 4, 4, 4, 32), (3, 3, 3, 3, 32, 32), strides=2)) == "phases_matmul"
+    assert choose(plan((8, 32, 32, 16), (4, 4, 16, 16), strides=2)) == "subpixel_matmul"
+    assert choose(plan((4, 4000, 256), (16, 128, 256), strides=8)) == "subpixel"
+    for src, w, s in (((8, 32, 32, 64), (3, 3, 64, 64), 2), ((4, 4000, 256), (16, 128, 256), 8),
+                      ((8, 32, 32, 16), (3, 3, 16, 16), 2)):
+        assert choose(plan(src, w, strides=s)) != "direct"
+    # over the whole test grid: never the sub-pixel lowerings with zero taps (NaN locality)
+    for p in _bd_params():
+        op, kernel, variant, groups, nd, fmt, wfmt, _ = p.values
+        grid_plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
+        choice = choose(grid_plan)
+        assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(grid_plan)
+        assert (choice == "direct") == all(s == 1 for s in grid_plan.strides)
+
+
+# --------------------------------------------------------------------------------------------
+# backward_weights lowerings: the same grid, as the weights gradients of those calls
+# --------------------------------------------------------------------------------------------
+
+BACKWARD_WEIGHTS_LOWERINGS = _choice.LOWERINGS["backward_weights"]
+
+
+def _same_geometry_attrs(op, plan, attrs):
+    """A grid call's attributes for another op of its family over the same geometry: no
+    dst_shape; output_padding as dst_shape implied it (ConvTranspose family), or none (the
+    Convolution family's src shape implies it)."""
+    attrs = {k: v for k, v in attrs.items() if k != "dst_shape"}
+    if op.startswith("convolution"):
+        attrs.pop("output_padding", None)
+    else:
+        attrs["output_padding"] = plan.output_padding
+    return attrs
+
+
+def _assert_same_geometry(plan, other, primitive):
+    assert other.primitive == primitive
+    assert (other.a_spatial, other.b_spatial, other.pads_begin) == (
+        plan.a_spatial, plan.b_spatial, plan.pads_begin)
+_WEIGHTS_OP = {"conv_transpose": "conv_transpose_backward_weights",
+               "convolution_backward_data": "convolution_backward_weights"}
+
+
+def _bw_params():
+    def applies(lowering, groups):
+        if lowering == "depthwise":
+            return groups in ("dw", "dw2")
+        if lowering == "patches_matmul":
+            return groups == 1
+        return lowering != "grouped" or groups != 1
+
+    return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
+
+
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("nd", [2, 3])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dot_lowerings_low_precision_both_layouts(dtype, nd, fmt):
+    """The lowerings built on matrix products, in both layouts and 2-D/3-D: 16-bit operands
+    reach XLA CPU's dot in every form it supports, with float32 accumulation."""
+    from oracle import random_array
+
+    rng = np.random.default_rng(23)
+    attrs = {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1,
+             "data_format": fmt, "weights_format": "XOI"}
+    sp = (4,) * nd
+    x = random_array(rng, (2, *sp, 6) if fmt == "NXC" else (2, 6, *sp), dtype)
+    w = random_array(rng, (*(3,) * nd, 2, 6), dtype)              # XOI: OC 2, IC 6
+    y_shape = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs).shape
+    dy = random_array(rng, y_shape, dtype)
+    calls = [("backward_data", "matmul_overlap_add", "conv_transpose", (x, w), {}),
+             ("forward", "patches_matmul", "conv_transpose_backward_data", (dy, w), {}),
+             ("backward_weights", "patches_matmul", "conv_transpose_backward_weights",
+              (x, dy), {"weights_shape": w.shape})]
+    for primitive, lowering, op, args, extra in calls:
+        with polyconv_jax.force_lowering(**{primitive: lowering}):
+            y = getattr(polyconv, op)(*(jnp.asarray(a) for a in args), **extra, **attrs)
+        assert y.dtype == np.dtype(x.dtype)
+        ref = reference(op, *args, **extra, **attrs)
+        assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n,
+                            dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# forward lowerings: the same grid, as the forward-direction op of those calls
+# --------------------------------------------------------------------------------------------
+
+FORWARD_LOWERINGS = _choice.LOWERINGS["forward"]
+_FORWARD_OP = {"conv_transpose": "conv_transpose_backward_data",
+               "convolution_backward_data": "convolution"}
+
+
+def _fw_params():
+    def applies(lowering, groups):
+        if lowering == "patches_matmul":
+            return groups == 1
+        return True   # elementwise: every grid plan has at most 6 channels per group
+
+    return _lowering_params(FORWARD_LOWERINGS, applies)
+
+
+@pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
+                         _fw_params())
+def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,
+                                             lowering):
+    plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
+    large = np.random.default_rng(19).uniform(-1, 1, plan.a_shape)
+    attrs = _same_geometry_attrs(op, plan, attrs)
+    forward_op = _FORWARD_OP[op]
+    fplan = polyconv.infer_shape(forward_op, large.shape, arrays[1].shape, **attrs)
+    _assert_same_geometry(plan, fplan, "forward")
+    assert _forward.forward_applicable(fplan, lowering)
+    with polyconv_jax.force_lowering(forward=lowering):
+        y = getattr(polyconv, forward_op)(jnp.asarray(large), jnp.asarray(arrays[1]), **attrs)
+    ref = reference(forward_op, large, arrays[1], **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+
+
+@pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
+                         _bw_params())
+def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,
+                                                      lowering):
+    plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
+    small = arrays[0]
+    w_shape = arrays[1].shape
+    large = np.random.default_rng(16).uniform(-1, 1, plan.a_shape)
+    attrs = _same_geometry_attrs(op, plan, attrs)
+    weights_op = _WEIGHTS_OP[op]
+    # src, diff_dst
+    inputs = (large, small) if weights_op == "convolution_backward_weights" else (small, large)
+    wplan = polyconv.infer_shape(weights_op, *(x.shape for x in inputs), w_shape, **attrs)
+    _assert_same_geometry(plan, wplan, "backward_weights")
+    with polyconv_jax.force_lowering(backward_weights=lowering):
+        y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape, **attrs)
+    ref = reference(weights_op, *inputs, weights_shape=w_shape, **attrs)
+    assert y.shape == ref.shape == w_shape
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+
+
+@pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_backward_weights_lowering_low_precision(lowering, dtype):
+    from oracle import random_array
+
+    rng = np.random.default_rng(17)
+    groups = 4 if lowering == "depthwise" else 2
+    attrs = {"strides": 2, "pads_begin": (1, 0), "pads_end": (0, 1), "output_padding": 1,
+             "groups": groups}
+    x = random_array(rng, (2, 5, 4, 4), dtype)                 # NXC, IC = 4
+    w_shape = (3, 3, 8 // groups, 4)                            # XOI: OC = 8
+    dy_shape = polyconv.infer_shape("ConvTranspose", x.shape, w_shape, **attrs).shape
+    dy = random_array(rng, dy_shape, dtype)
+    with polyconv_jax.force_lowering(backward_weights=lowering):
+        y = polyconv.conv_transpose_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
+                                                     **attrs)
+    assert y.dtype == np.dtype(x.dtype)
+    ref = reference("conv_transpose_backward_weights", x, dy, weights_shape=w_shape, **attrs)
+    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+
+@pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)
+def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
+    """The backward_weights lowerings give jax.grad's weights gradient (and are traceable
+    under jit and vmap)."""
+    rng = np.random.default_rng(18)
+    groups = 4 if lowering == "depthwise" else 2
+    attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2),
+             "output_padding": (1, 2), "dilations": (1, 2), "groups": groups,
+             "data_format": "NCX", "weights_format": "XIO"}
+    x = jnp.asarray(_data(rng, 2, 4, (3, 4), "NCX"))
+    w = jnp.asarray(rng.standard_normal((3, 2, 4, 8 // groups)))   # XIO [K.., IC, OC/G]
+    y_shape = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs).shape
+    cots = jnp.asarray(rng.standard_normal((3, *y_shape)))
+    grad = jax.vmap(jax.grad(lambda w, cot: jnp.vdot(polyconv.conv_transpose(x, w, **attrs),
+                                                     cot)), in_axes=(None, 0))(w, cots)
+    with polyconv_jax.force_lowering(backward_weights=lowering):
+        ops = jax.jit(jax.vmap(lambda cot: polyconv.conv_transpose_backward_weights(
+            x, cot, w.shape, **attrs)))(cots)
+    _close(grad, ops)
+
+
+@pytest.mark.parametrize("lowering", BACKWARD_DATA_LOWERINGS)
+@pytest.mark.parametrize(("kernel", "strides", "groups"),
+                         [((3, 2), (2, 3), 2), ((4, 3), (2, 3), 2), ((3, 3), (2, 2), 4),
+                          ((3, 3), (2, 2), 1)])
+def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides, groups):
+    """A NaN or infinity in ``b`` poisons exactly the outputs that read it (no products with
+    zero taps), in every lowering -- except the sub-pixel ones when their window has zero
+    taps (not :func:`subpixel_is_exact`), which the default choice never uses."""
+    rng = np.random.default_rng(19)
+    attrs = {"strides": strides, "pads_begin": (1, 0), "pads_end": (0, 1), "groups": groups,
+             "data_format": "NCX", "weights_format": "IOX"}
+    cin = groups if lowering == "elementwise" and groups > 1 else 2 * groups
+    x = rng.uniform(-1, 1, (2, cin, 4, 3))
+    w = rng.uniform(0.5, 1, (cin, 2, *kernel))                 # IOX [IC, OC/G, K..]
+    plan = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs)
+    if not _backward_data.applicable(plan, lowering):
+        pytest.skip(f"{lowering} does not apply")
+    one = np.zeros_like(x)
+    one[1, 1, 2, 1] = 1.0
+    hit = np.asarray(polyconv.conv_transpose(one, np.abs(w), backend="jax", **attrs)) != 0
+    for value in (np.nan, np.inf):
+        poisoned = x.copy()
+        poisoned[1, 1, 2, 1] = value
+        with polyconv_jax.force_lowering(backward_data=lowering):
+            y = np.asarray(polyconv.conv_transpose(jnp.asarray(poisoned), jnp.asarray(w),
+                                                   **attrs))
+        local = np.array_equal(~np.isfinite(y), hit)
+        if lowering.startswith("subpixel") and not _backward_data.subpixel_is_exact(plan):
+            assert not local   # the documented exception
+        else:
+            assert local, (lowering, value)
+    choice = _backward_data.choose_backward_data(plan)
+    assert choice != "direct"
+    assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(plan)
+
+
+# --------------------------------------------------------------------------------------------
+# one padded row for unpadded 2-D convolutions on CPU (_xla._conv_general)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pad_every_unpadded_conv(monkeypatch):
+    """Take the one-padded-row path for every unpadded 2-D convolution, however small
+    (compiled executables are dropped before and after, so none is reused across the
+    threshold)."""
+    jax.clear_caches()
+    monkeypatch.setattr(_xla, "PAD_FAST_PATH_MACS", 0)
+    yield
+    jax.clear_caches()
+
+
+def _padded_convs(fn, *args) -> list[str]:
+    """The ``pad = ...`` of every convolution in ``fn``'s lowered (CPU) StableHLO."""
+    text = jax.jit(fn).lower(*args).as_text()
+    return re.findall(r"convolution\(.*?pad = (\[\[[^]]*\](?:, \[[^]]*\])*\])", text)
+
+
+# (op, src or diff_dst shape NXC, weights, attrs): unpadded 2-D calls of each primitive, with
+# strides where the new row adds an output row, where it does not, and on mixed axes
+_UNPADDED_2D = [
+    ("convolution", (2, 7, 6, 3), (3, 2, 3, 4), {}),
+    ("convolution", (2, 7, 8, 3), (3, 3, 3, 4), {"strides": (2, 3)}),
+    ("convolution", (2, 8, 7, 3), (2, 3, 3, 4), {"strides": 2, "dilations": (1, 2)}),
+    ("convolution", (2, 7, 6, 3), (3, 2, 3, 4), {"auto_pad": "valid", "strides": (1, 2)}),
+    ("conv_transpose_backward_data", (2, 9, 7, 3), (3, 3, 3, 4), {"strides": 2}),
+    ("convolution_backward_weights", (2, 7, 6, 3), (3, 2), {}),
+    ("convolution_backward_weights", (2, 9, 7, 3), (3, 3), {"strides": 2}),
+    ("conv_transpose_backward_weights", (2, 4, 3, 3), (3, 2), {"strides": 2}),
+]
+
+
+def _unpadded_case(rng, op, src, w, attrs, fmt):
+    """Inputs (NXC ``src`` moved to ``fmt``) and attributes of one ``_UNPADDED_2D`` call."""
+    attrs = {**attrs, "data_format": fmt}
+    x = rng.uniform(-1, 1, src if fmt == "NXC" else (src[0], src[-1], *src[1:-1]))
+    if not op.endswith("backward_weights"):
+        return [x, rng.uniform(-1, 1, w)], attrs
+    # the weights gradients: diff_dst from the forward op, with 5 output channels
+    forward, weights = (("convolution", (*w, src[-1], 5)) if op.startswith("convolution")
+                        else ("conv_transpose", (*w, 5, src[-1])))
+    diff_dst = polyconv.infer_shape(forward, x.shape, weights, **attrs).shape
+    return [x, rng.uniform(-1, 1, diff_dst)], {**attrs, "weights_shape": w}
+
+
+@pytest.mark.usefixtures("pad_every_unpadded_conv")
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize(("op", "src", "w", "attrs"), _UNPADDED_2D)
+def test_one_padded_row_matches_the_oracle(op, src, w, attrs, fmt):
+    rng = np.random.default_rng(zlib.crc32(f"{op}{src}{fmt}".encode()))
+    arrays, attrs = _unpadded_case(rng, op, src, w, attrs, fmt)
+    fn = getattr(polyconv, op)
+    pads = _padded_convs(lambda *xs: fn(*xs, **attrs), *map(jnp.asarray, arrays))
+    assert "[[0, 1], [0, 0]]" in pads or "[[0, 0], [0, 1]]" in pads, pads
+    y = fn(*(jnp.asarray(a) for a in arrays), **attrs)
+    ref = reference(op, *arrays, **attrs)
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+
+
+@pytest.mark.usefixtures("pad_every_unpadded_conv")
+def test_one_padded_row_under_grad_vmap_and_nan():
+    rng = np.random.default_rng(31)
+    x = rng.uniform(-1, 1, (2, 7, 6, 3))
+    w = rng.uniform(-1, 1, (3, 2, 3, 4))
+    dy = rng.uniform(-1, 1, (2, 5, 5, 4))
+
+    def loss(x, w):
+        return jnp.vdot(polyconv.convolution(x, w), jnp.asarray(dy))
+
+    gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x), jnp.asarray(w))
+    for got, op, args, extra in (
+            (gx, "convolution_backward_data", (dy, w), {"dst_shape": x.shape}),
+            (gw, "convolution_backward_weights", (x, dy), {"weights_shape": w.shape})):
+        ref = reference(op, *args, **extra)
+        assert_within_bound(np.asarray(got), ref.y, ref.abs_sum, ref.n, "float64")
+    xs = jnp.asarray(np.stack([x, -x, 2 * x]))
+    got = jax.vmap(lambda x: polyconv.convolution(x, jnp.asarray(w)))(xs)
+    for i in range(3):
+        _close(got[i], polyconv.convolution(xs[i], jnp.asarray(w)))
+    poisoned = x.copy()
+    poisoned[1, 6, 5, 2] = np.nan        # the last row and column: read by one output only
+    y = np.asarray(polyconv.convolution(jnp.asarray(poisoned), jnp.asarray(w)))
+    bad = np.argwhere(np.isnan(y))
+    assert {tuple(i[:3]) for i in bad} == {(1, 4, 4)}
+
+
+def test_one_padded_row_is_taken_where_it_pays():
+    """On CPU: an unpadded 2-D convolution with overlapping windows and 10^8 multiply-adds or
+    more; not a grouped one, a 1-D or 3-D one, a padded one, or non-overlapping windows."""
+    def pads(shape, kernel, **attrs):
+        x = jax.ShapeDtypeStruct(shape, jnp.float32)
+        w = jax.ShapeDtypeStruct(kernel, jnp.float32)
+        return _padded_convs(lambda x, w: polyconv.convolution(x, w, **attrs), x, w)
+
+    assert pads((8, 58, 58, 64), (3, 3, 64, 64)) == ["[[0, 1], [0, 0]]"]
+    # stride 2 on 57 rows: the new row is skipped, so the first axis gets it, no slice
+    assert pads((8, 113, 114, 64), (3, 3, 64, 64), strides=2) == ["[[0, 1], [0, 0]]"]
+    assert pads((8, 114, 113, 64), (3, 3, 64, 64), strides=2) == ["[[0, 0], [0, 1]]"]
+    assert pads((1, 18, 18, 64), (3, 3, 64, 64)) == ["[[0, 0], [0, 0]]"]         # small
+    assert pads((8, 64, 64, 256), (2, 2, 256, 256), strides=2) == ["[[0, 0], [0, 0]]"]
+    assert pads((8, 58, 58, 64), (3, 3, 64, 64), pads_begin=1) == ["[[1, 0], [1, 0]]"]
+    assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
+    assert pads((8, 4000, 256), (16, 256, 128)) == ["[[0, 0]]"]
