@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -194,6 +195,19 @@ def get_backend(name: str, op: str = "polyconv") -> Backend:
         raise ValueError(msg)
     _LOADED[name] = backend
     return backend
+
+
+def concretization_errors() -> tuple[type[BaseException], ...]:
+    """What the array libraries in use raise when a traced value is made concrete: the
+    ``concretization_errors`` of every loaded backend (see :class:`BackendHooks`). A built-in
+    backend whose array library is already imported is loaded to ask it, so that
+    :func:`polyconv.infer_shape` under a trace gets the same answer as the ops."""
+    for name, entry in _BUILTIN.items():
+        imported = any(lib in sys.modules for lib in entry.libraries)
+        if name not in _LOADED and imported and _installed(entry):
+            get_backend(name)
+    return tuple(err for backend in _LOADED.values()
+                 for err in getattr(backend, "concretization_errors", ()))
 
 
 def check_one_library(op: str, arrays: dict[str, Any]) -> str:

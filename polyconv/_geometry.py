@@ -212,7 +212,9 @@ def _concrete(op: str, name: str, value, convert):
     try:
         return convert()
     except TypeError as e:
-        if not type(e).__module__.startswith("jax"):
+        from ._backends import concretization_errors  # the backends name their errors
+
+        if not isinstance(e, concretization_errors()):
             raise
         msg = (f"{op}: {name} must be concrete (known when the call is traced: under jax.jit, "
                f"a static argument or a Python value); got a traced value")
