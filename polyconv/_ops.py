@@ -169,6 +169,35 @@ def _prepare(spec: OpSpec, arguments: dict[str, Any]):
     return inputs, attrs, args["dst_shape"], args["weights_shape"]
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan_cached(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
+                 dtype: str) -> ConvPlan:
+    return resolve(spec, dict(shapes), attrs, dst_shape=dst_shape,
+                   weights_shape=weights_shape).with_(dtype=dtype)
+
+
+def _plain(value: Any) -> bool:
+    """An int, str or None, or a tuple of them: values that hash and compare by value and type
+    alike (``True == 1`` and ``1.0 == 1``, which validation tells apart, are not plain)."""
+    if type(value) is tuple:
+        return all(_plain(v) for v in value)
+    return value is None or type(value) in (int, str)
+
+
+def _plan(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
+          dtype: str) -> ConvPlan:
+    """The resolved plan of a call, cached on its shapes, attributes and dtype (resolving
+    costs tens of microseconds, which show next to a fast backend's small calls) where they
+    are all plain values; other calls (lists, numpy integers, bools) resolve uncached. Only
+    valid plans are cached: a failing resolution raises every time."""
+    key = (shapes, tuple(getattr(attrs, name) for name in _ATTRIBUTES), dst_shape,
+           weights_shape)
+    if _plain(key):
+        return _plan_cached(spec, shapes, attrs, dst_shape, weights_shape, dtype)
+    return resolve(spec, dict(shapes), attrs, dst_shape=dst_shape,
+                   weights_shape=weights_shape).with_(dtype=dtype)
+
+
 def _call(spec: OpSpec, arguments: dict[str, Any]) -> Array:
     """Run op ``spec`` on its bound arguments: check the arrays, resolve the plan, pick the
     backend, run its primitive."""
@@ -179,10 +208,11 @@ def _call(spec: OpSpec, arguments: dict[str, Any]) -> Array:
     check_one_library(op, present)
     backend = arguments["backend"]
     impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
-    shapes = {name: tuple(x.shape) for name, x in present.items()}
+    shapes = tuple((name, tuple(x.shape)) for name, x in present.items())
     precision = arguments["precision"]
-    plan = resolve(spec, shapes, attrs, dst_shape=dst_shape, weights_shape=weights_shape)
-    plan = plan.with_(dtype=dtype, precision=precision)
+    plan = _plan(spec, shapes, attrs, dst_shape, weights_shape, dtype)
+    if precision is not None:
+        plan = plan.with_(precision=precision)
     check_precision(op, precision)
     out = getattr(impl, plan.primitive)(plan, *(inputs[name] for name in spec.arrays))
     return restore_type(out, next(iter(present.values())))

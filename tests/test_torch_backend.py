@@ -358,3 +358,14 @@ def test_compare_includes_torch_labelled_with_its_engine():
     assert rows["torch"].ok, result
     assert rows["torch"].library.startswith("torch cpu (oneDNN") or "cuDNN" in rows[
         "torch"].library
+
+
+def test_the_plan_cache_never_skips_validation():
+    """Calls resolve their plan once per shapes, attributes and dtype; values that compare
+    equal but fail validation (``True == 1``, ``1.0 == 1``) still raise."""
+    x, w = torch.ones(1, 5, 5, 2), torch.ones(3, 3, 2, 4)
+    polyconv.convolution(x, w, strides=1, groups=1)
+    for bad in (dict(strides=True), dict(strides=1.0), dict(groups=True)):
+        with pytest.raises(TypeError, match="integer"):
+            polyconv.convolution(x, w, **bad)
+    assert polyconv.convolution(x, w, strides=[1, 1]).shape == (1, 3, 3, 4)  # uncached

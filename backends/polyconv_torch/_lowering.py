@@ -175,6 +175,12 @@ def _level(precision: Any) -> str:
     return PRECISION_NAMES[precision.lower()]
 
 
+_NO_CHANGE = contextlib.nullcontext()
+_CPU_KNOB = getattr(torch.backends.mkldnn, "conv", None)
+if not hasattr(_CPU_KNOB, "fp32_precision"):
+    _CPU_KNOB = None
+
+
 def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.AbstractContextManager:
     """Full-precision float32 (IEEE) unless the caller opted in: on CUDA, cuDNN's default
     for convolutions is TF32; ``precision="high"`` allows TF32, ``"default"`` leaves torch's
@@ -182,21 +188,24 @@ def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.Abstract
     if plan.dtype != "float32" or torch.compiler.is_compiling():
         # a compiled graph runs under the process-wide setting (torch.compile cannot trace
         # the change of a global flag; docs/backends.md says so)
-        return contextlib.nullcontext()
+        return _NO_CHANGE
+    if (plan.precision is None and device.type == "cpu" and _CPU_KNOB is not None
+            and _CPU_KNOB.fp32_precision in ("ieee", "none")):
+        return _NO_CHANGE  # the common case, decided in one attribute read
     level = _level(plan.precision)
     if level == "DEFAULT":
-        return contextlib.nullcontext()
+        return _NO_CHANGE
     want = "ieee" if level == "HIGHEST" else "tf32"
     if device.type == "cuda":
         knob = torch.backends.cudnn.conv
     elif device.type == "cpu":
         knob = torch.backends.mkldnn.conv
         if want == "tf32" or knob.fp32_precision in ("ieee", "none"):
-            return contextlib.nullcontext()
+            return _NO_CHANGE
     else:
-        return contextlib.nullcontext()
+        return _NO_CHANGE
     if knob.fp32_precision == want:
-        return contextlib.nullcontext()
+        return _NO_CHANGE
     return _setting(knob, want)
 
 
