@@ -2,8 +2,9 @@
 
 Every public op is resolved here, from shapes alone, into a :class:`ConvPlan`: the canonical
 convolution (docs/semantics.md#canonical-convolution) with every pad, size and layout already
-fixed. Backends see only plans;
-they never see ``"same_upper"``, a weight format string or a shape they must check.
+fixed. Backends see only plans; they never see ``"same_upper"``, a weight format string or a
+shape they must check. The attribute parsers live in :mod:`polyconv._attributes`, the layout
+rules in :mod:`polyconv._layouts`, the plan itself in :mod:`polyconv._plan`.
 
 Nothing in this module touches an array: it is pure Python on tuples of ints, so
 :func:`polyconv.infer_shape` and the ops share one code path and raise the same errors.
@@ -12,452 +13,29 @@ Nothing in this module touches an array: it is pure Python on tuples of ints, so
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-from ._optable import Family, OpSpec, Primitive
-
-AUTO_PADS = ("none", "same_upper", "same_lower", "valid")
-_AUTO_PAD_ALIASES = {"none": "none", "explicit": "none", "notset": "none",
-                     "same_upper": "same_upper", "same_lower": "same_lower", "valid": "valid"}
-DATA_FORMATS = ("NXC", "NCX")
-WEIGHTS_FORMATS = ("XIO", "OIX", "IOX", "XOI")
-
-
-@dataclass(frozen=True)
-class ConvPlan:
-    """A fully resolved call: the canonical convolution plus the user's layouts
-    (docs/semantics.md#canonical-convolution).
-
-    The canonical convolution maps a *large* tensor ``a`` ``[N, Ca, A..]`` to a *small* tensor
-    ``b`` ``[N, Cb, B..]`` with weights ``W`` ``[Cb, Ca/G, K..]``::
-
-        b[n, o, y] = sum_{i, k} a[n, g*Ca/G + i, y*s + k*d - pb] * W[o, i, k],  g = o // (Cb/G)
-
-    ``primitive`` says which of ``forward`` (a, W -> b), ``backward_data`` (b, W -> a) and
-    ``backward_weights`` (a, b -> W) the op is. Pads are resolved per axis on ``a``.
-
-    Plans compare and hash on the geometry alone: ``op``, ``dtype``, ``precision``,
-    ``has_bias`` and the format strings (for messages and reports) are left out, so an op and
-    its alias, or two dtypes of one layer, are one key of a per-plan cache.
-
-    Attributes
-    ----------
-    op : str
-        The public function name, used in messages.
-    primitive : {"forward", "backward_data", "backward_weights"}
-    batch, a_channels, b_channels, groups : int
-    a_spatial, b_spatial, kernel : tuple of int
-    strides, dilations, pads_begin, pads_end : tuple of int
-        Resolved per spatial axis; ``pads_*`` apply to the large tensor ``a``.
-    output_padding : tuple of int
-        The extra rows of ``a`` past the last product (0 for the forward-direction ops):
-        ``A = s*(B-1) + ek - pb - pe + output_padding``.
-    channels_last : bool
-        ``True`` for ``NXC`` data, ``False`` for ``NCX``; ``a`` and ``b`` share it.
-    weights_perm : tuple of int
-        Axes of the user's weights in canonical order: ``transpose(weights, weights_perm)``
-        is ``W`` ``[Cb, Ca/G, K..]``. Its inverse gives the user layout back.
-    data_format, weights_format : str
-        The canonical format strings (for reports).
-    dtype : str or None
-        Name of the common floating dtype of the inputs (``None`` from :func:`infer_shape`).
-    has_bias : bool
-    precision : object
-        Backend precision request, as the caller passed it (JAX normalises it);
-        ``None`` means the contract's default: full precision (:ref:`accumulation`).
-    """
-
-    op: str = field(compare=False)
-    primitive: Primitive
-    batch: int
-    a_channels: int
-    b_channels: int
-    groups: int
-    a_spatial: tuple[int, ...]
-    b_spatial: tuple[int, ...]
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    pads_begin: tuple[int, ...]
-    pads_end: tuple[int, ...]
-    output_padding: tuple[int, ...]
-    channels_last: bool
-    weights_perm: tuple[int, ...]
-    data_format: str = field(compare=False)
-    weights_format: str = field(compare=False)
-    dtype: str | None = field(default=None, compare=False)
-    has_bias: bool = field(default=False, compare=False)
-    precision: object = field(default=None, compare=False)
-
-    # --- derived numbers -------------------------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        """Number of spatial axes."""
-        return len(self.kernel)
-
-    @property
-    def acc_dtype(self) -> str:
-        """Accumulation dtype name (docs/numerics.md#accumulation)."""
-        return "float64" if self.dtype == "float64" else "float32"
-
-    @property
-    def macs(self) -> int:
-        """Multiply-adds of the canonical convolution (padding included)."""
-        return (self.batch * math.prod(self.b_spatial) * self.b_channels
-                * (self.a_channels // self.groups) * math.prod(self.kernel))
-
-    @property
-    def effective_kernel(self) -> tuple[int, ...]:
-        """``(k-1)*d + 1`` per axis."""
-        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
-
-    def _data_shape(self, channels: int, spatial: tuple[int, ...]) -> tuple[int, ...]:
-        if self.channels_last:
-            return (self.batch, *spatial, channels)
-        return (self.batch, channels, *spatial)
-
-    @property
-    def a_shape(self) -> tuple[int, ...]:
-        """Shape of the large tensor in the user's data layout."""
-        return self._data_shape(self.a_channels, self.a_spatial)
-
-    @property
-    def b_shape(self) -> tuple[int, ...]:
-        """Shape of the small tensor in the user's data layout."""
-        return self._data_shape(self.b_channels, self.b_spatial)
-
-    @property
-    def w_shape(self) -> tuple[int, ...]:
-        """Canonical weights shape ``[Cb, Ca/G, K..]``."""
-        return (self.b_channels, self.a_channels // self.groups, *self.kernel)
-
-    @property
-    def weights_shape(self) -> tuple[int, ...]:
-        """Weights shape in the user's ``weights_format``."""
-        out = [0] * len(self.weights_perm)
-        for canon_axis, user_axis in enumerate(self.weights_perm):
-            out[user_axis] = self.w_shape[canon_axis]
-        return tuple(out)
-
-    @property
-    def weights_inverse_perm(self) -> tuple[int, ...]:
-        """Axes that turn canonical ``W`` back into the user's weights layout."""
-        inv = [0] * len(self.weights_perm)
-        for canon_axis, user_axis in enumerate(self.weights_perm):
-            inv[user_axis] = canon_axis
-        return tuple(inv)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Shape of the op's output, in the user's layout."""
-        if self.primitive == "forward":
-            return self.b_shape
-        if self.primitive == "backward_data":
-            return self.a_shape
-        return self.weights_shape
-
-    @property
-    def bias_channels(self) -> int:
-        """Length of the bias vector: the channels of the output tensor."""
-        return self.b_channels if self.primitive == "forward" else self.a_channels
-
-    @property
-    def channel_axis(self) -> int:
-        """Channel axis of the data tensors."""
-        return self.ndim + 1 if self.channels_last else 1
-
-    @property
-    def spatial_axes(self) -> tuple[int, ...]:
-        """Spatial axes of the data tensors."""
-        start = 1 if self.channels_last else 2
-        return tuple(range(start, start + self.ndim))
-
-    def __repr__(self) -> str:
-        # The answer first (what infer_shape is called for), then the canonical description.
-        from dataclasses import fields
-
-        head = ("shape", "pads_begin", "pads_end", "output_padding")
-        items = [(name, getattr(self, name)) for name in head]
-        items += [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in head]
-        return f"ConvPlan({', '.join(f'{name}={value!r}' for name, value in items)})"
-
-    def with_(self, **changes) -> ConvPlan:
-        """A copy with some fields replaced."""
-        from dataclasses import replace
-
-        return replace(self, **changes)
-
-
-# --------------------------------------------------------------------------------------------
-# attribute parsing
-# --------------------------------------------------------------------------------------------
-
-
-def _fmt(values) -> str:
-    return repr(tuple(values)) if isinstance(values, (list, tuple)) else repr(values)
-
-
-def _as_int(op: str, name: str, value) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        msg = f"{op}: {name} must be an integer; got {name}={value!r} ({type(value).__name__})"
-        raise TypeError(msg)
-    return _concrete(op, name, value, lambda: operator.index(value))
-
-
-def _concrete(op: str, name: str, value, convert):
-    """``convert()``, with a clear error where ``value`` is traced (a JAX array under jit):
-    geometry is resolved when the call is made, so it must be known then."""
-    try:
-        return convert()
-    except TypeError as e:
-        from ._backends import concretization_errors  # the backends name their errors
-
-        if not isinstance(e, concretization_errors()):
-            raise
-        msg = (f"{op}: {name} must be concrete (known when the call is traced: under jax.jit, "
-               f"a static argument or a Python value); got a traced value")
-        raise TypeError(msg) from None
-
-
-def parse_ints(op: str, name: str, value, ndim: int) -> tuple[int, ...]:
-    """An int (broadcast) or a sequence of ``ndim`` ints."""
-    if isinstance(value, (str, bytes)) or value is None:
-        msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
-               f"got {name}={value!r}")
-        raise TypeError(msg)
-    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
-        value = _concrete(op, name, value, value.tolist)  # numpy/JAX/torch ints
-        if not isinstance(value, list):
-            value = [value] * ndim
-    elif hasattr(value, "__index__") and not isinstance(value, bool):
-        return (_concrete(op, name, value, lambda: operator.index(value)),) * ndim
-    if not isinstance(value, Sequence):
-        msg = (f"{op}: {name} must be an integer or a sequence of {ndim} integers; "
-               f"got {name}={value!r} ({type(value).__name__})")
-        raise TypeError(msg)
-    items = tuple(value)
-    for item in items:
-        if isinstance(item, bool) or not hasattr(item, "__index__"):
-            msg = (f"{op}: {name} must contain integers only; got {name}={items!r}")
-            raise TypeError(msg)
-    items = _concrete(op, name, value, lambda: tuple(operator.index(i) for i in items))
-    if len(items) != ndim:
-        msg = (f"{op}: {name} must have one entry per spatial axis ({ndim}, from the data "
-               f"rank); got {name}={items!r} with {len(items)} entries")
-        raise ValueError(msg)
-    return items
-
-
-def _is_empty(value) -> bool:
-    if isinstance(value, (list, tuple)):
-        return not value
-    return not isinstance(value, (str, bytes)) and getattr(value, "shape", None) == (0,)
-
-
-def _parse_pads(op: str, name: str, value, ndim: int, auto_pad: str) -> tuple[int, ...]:
-    """``pads_begin``/``pads_end``: as :func:`parse_ints`, and empty where ``auto_pad``
-    computes the pads (oneDNN's own calls pass ``[]`` with ``auto_pad="SAME_UPPER"``)."""
-    if _is_empty(value):
-        if auto_pad != "none":
-            return (0,) * ndim
-        msg = (f"{op}: {name} must have one entry per spatial axis ({ndim}, from the data "
-               f"rank); got {name}=() with 0 entries (empty pads are accepted only where "
-               f"auto_pad computes them: 'same_upper', 'same_lower' or 'valid')")
-        raise ValueError(msg)
-    return parse_ints(op, name, value, ndim)
-
-
-def _check_min(op: str, name: str, values: tuple[int, ...], lo: int) -> None:
-    if any(v < lo for v in values):
-        rule = "positive" if lo == 1 else "non-negative"
-        msg = f"{op}: {name} must be {rule} (>= {lo}) per axis; got {name}={values!r}"
-        raise ValueError(msg)
-
-
-#: ``precision`` names (case-insensitive) -> the ``jax.lax.Precision`` member each means
-PRECISION_NAMES = {
-    "default": "DEFAULT", "fastest": "DEFAULT", "bfloat16": "DEFAULT",
-    "high": "HIGH", "tensorfloat32": "HIGH", "bfloat16_3x": "HIGH",
-    "highest": "HIGHEST", "float32": "HIGHEST",
-}
-
-
-def check_precision(op: str, precision) -> None:
-    """``precision`` is None, a name of :data:`PRECISION_NAMES`, a ``jax.lax.Precision``, or a
-    pair of these for (input, weights). Checked for every backend
-    (docs/semantics.md#validation), though only
-    backends with precision modes (JAX) use it: the others always compute at full precision.
-    """
-    def one(value) -> bool:
-        if isinstance(value, str):
-            return value.lower() in PRECISION_NAMES
-        kind = type(value)
-        return kind.__name__ == "Precision" and kind.__module__.startswith("jax")
-
-    if precision is None:
-        return
-    pair = isinstance(precision, (tuple, list))
-    if (all(one(p) for p in precision) and len(precision) == 2) if pair else one(precision):
-        return
-    msg = (f"{op}: precision must be None (full precision), a jax.lax.Precision, one of "
-           f"{', '.join(map(repr, PRECISION_NAMES))} (case-insensitive), or a pair of "
-           f"these for (input, weights); got precision={precision!r}")
-    raise ValueError(msg)
-
-
-def parse_choice(op: str, name: str, value, accepted: tuple[str, ...]) -> str:
-    if not isinstance(value, str):
-        msg = (f"{op}: {name} must be a string, one of {', '.join(map(repr, accepted))}; "
-               f"got {name}={value!r} ({type(value).__name__})")
-        raise TypeError(msg)
-    canon = value.upper()
-    if canon not in accepted:
-        msg = (f"{op}: unknown {name} {value!r}; accepted values are "
-               f"{', '.join(map(repr, accepted))}")
-        raise ValueError(msg)
-    return canon
-
-
-def parse_auto_pad(op: str, value) -> str:
-    if value is None:
-        return "none"
-    if not isinstance(value, str):
-        msg = (f"{op}: auto_pad must be a string, one of {', '.join(map(repr, AUTO_PADS))}; "
-               f"got auto_pad={value!r} ({type(value).__name__})")
-        raise TypeError(msg)
-    canon = _AUTO_PAD_ALIASES.get(value.lower())
-    if canon is None:
-        msg = (f"{op}: unknown auto_pad {value!r}; accepted values are "
-               f"{', '.join(map(repr, AUTO_PADS))} (case-insensitive; 'explicit' = 'none')")
-        raise ValueError(msg)
-    return canon
-
-
-def _shape(op: str, name: str, shape) -> tuple[int, ...]:
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        msg = f"{op}: {name} must be a shape (a sequence of integers); got {shape!r}"
-        raise TypeError(msg) from None
-    for dim in dims:
-        if isinstance(dim, bool) or not hasattr(dim, "__index__"):
-            msg = f"{op}: {name} must be a shape (a sequence of integers); got {shape!r}"
-            raise TypeError(msg)
-    return _concrete(op, name, shape, lambda: tuple(operator.index(d) for d in dims))
-
-
-# --------------------------------------------------------------------------------------------
-# layouts
-# --------------------------------------------------------------------------------------------
-
-
-def _split_data(op: str, name: str, shape: tuple[int, ...], channels_last: bool):
-    n = shape[0]
-    if channels_last:
-        return n, shape[-1], shape[1:-1]
-    return n, shape[1], shape[2:]
-
-
-def _weights_axes(fmt: str, ndim: int) -> dict[str, object]:
-    """Positions of O, I and the spatial axes for a weights format of rank ``ndim + 2``."""
-    axes: dict[str, object] = {}
-    pos = 0
-    for letter in fmt:
-        if letter == "X":
-            axes["X"] = tuple(range(pos, pos + ndim))
-            pos += ndim
-        else:
-            axes[letter] = pos
-            pos += 1
-    return axes
-
-
-def _weights_perm(fmt: str, ndim: int, family: Family) -> tuple[int, ...]:
-    axes = _weights_axes(fmt, ndim)
-    cb, ca = ("O", "I") if family == "convolution" else ("I", "O")
-    return (axes[cb], axes[ca], *axes["X"])
-
-
-_AXIS_MEANING = {"convolution": {"O": "OC", "I": "IC/groups"},
-                 "conv_transpose": {"O": "OC/groups", "I": "IC"}}
-
-
-def _weights_meaning(family: Family, fmt: str) -> str:
-    names = {**_AXIS_MEANING[family], "X": "K.."}
-    return ", ".join(names[letter] for letter in fmt)
-
-
-#: The weights format of each family that goes with channels-first data in PyTorch and ONNX
-#: (and with channels-last data in TensorFlow and JAX): tried first by the layout hint.
-_USUAL_WEIGHTS = {("convolution", "NCX"): "OIX", ("convolution", "NXC"): "XIO",
-                  ("conv_transpose", "NCX"): "IOX", ("conv_transpose", "NXC"): "XOI"}
-
-
-def _channels_fit(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
-                  order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
-                  data_format: str, weights_format: str) -> bool:
-    """Whether the data and weights channels agree when read in these formats.
-
-    ``data`` holds the full data shapes by name; ``order`` names the (large, small) data
-    inputs of a backward-weights op, or (first, first) otherwise; ``weights`` is the full
-    weights shape, ``None`` when only the kernel sizes are known.
-    """
-    def channels(name: str) -> int:
-        shape = data[name]
-        return shape[-1] if data_format == "NXC" else shape[1]
-
-    ndim = len(next(iter(data.values()))) - 2
-    if weights is not None:
-        perm = _weights_perm(weights_format, ndim, family)
-        w_cb, w_ca = weights[perm[0]], weights[perm[1]]
-    if primitive == "backward_weights":
-        a, b = channels(order[0]), channels(order[1])
-    elif primitive == "forward":
-        a, b = channels(order[0]), w_cb
-    else:
-        a, b = w_ca * groups, channels(order[0])
-    if a % groups or b % groups or min(a, b) < 1:
-        return False
-    return weights is None or (w_cb, w_ca) == (b, a // groups)
-
-
-def _layout_hint(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
-                 order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
-                 data_format: str, weights_format: str) -> str:
-    """How the data was read and, where other formats make the channels agree, which."""
-    channels_last = data_format == "NXC"
-    axis = len(data[order[0]]) - 1 if channels_last else 1
-    read = (f"the data is read as {data_format} "
-            f"({'[N, X.., C], channels last' if channels_last else '[N, C, X..], channels first'}"
-            f"{', the default' if channels_last else ''}), so its channels are "
-            f"{', '.join(f'{n}.shape[{axis}]={data[n][axis]}' for n in dict.fromkeys(order))}")
-    # The other data layout with its usual weights (the PyTorch user's NCX + OIX/IOX), the
-    # other data layout alone, then the other weights formats, the usual ones first.
-    other = "NCX" if channels_last else "NXC"
-    candidates = [(other, weights_format)]
-    if weights is not None:
-        def usual_first(fmt: str) -> list[str]:
-            usual = _USUAL_WEIGHTS[family, fmt]
-            return sorted(WEIGHTS_FORMATS, key=lambda f: f != usual)
-
-        candidates = [(other, _USUAL_WEIGHTS[family, other]), *candidates]
-        candidates += [(data_format, f) for f in usual_first(data_format)]
-        candidates += [(other, f) for f in usual_first(other)]
-    candidates = [c for c in dict.fromkeys(candidates) if c != (data_format, weights_format)]
-    for dfmt, wfmt in candidates:
-        if _channels_fit(family, primitive, data, order, weights, groups, dfmt, wfmt):
-            changes = []
-            if dfmt != data_format:
-                changes.append(f"data_format={dfmt!r}")
-            if wfmt != weights_format:
-                changes.append(f"weights_format={wfmt!r}")
-            torch = (" (channels-first data and PyTorch's weights layout)"
-                     if dfmt == "NCX" and wfmt == _USUAL_WEIGHTS[family, "NCX"] else "")
-            return (f"{read}. These shapes fit {', '.join(changes)}{torch}: if that is how "
-                    f"they are laid out, pass {' and '.join(changes)}")
-    return read
+from dataclasses import dataclass
+
+from ._attributes import (
+    AUTO_PADS,
+    DATA_FORMATS,
+    PRECISION_NAMES,
+    WEIGHTS_FORMATS,
+    check_min,
+    check_precision,
+    parse_auto_pad,
+    parse_choice,
+    parse_int,
+    parse_ints,
+    parse_pads,
+    parse_shape,
+)
+from ._layouts import AXIS_MEANING, layout_message, split_data, weights_meaning, weights_perm
+from ._optable import OpSpec
+from ._plan import ConvPlan
+
+# re-exported: the backends and the package read these here
+__all__ = ["AUTO_PADS", "DATA_FORMATS", "PRECISION_NAMES", "WEIGHTS_FORMATS", "Attrs",
+           "ConvPlan", "check_precision", "resolve"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -628,7 +206,7 @@ def resolve(spec: OpSpec, shapes: dict[str, tuple[int, ...] | None], attrs: Attr
         b_channels=b_channels, groups=nums.groups, a_spatial=a_sp, b_spatial=b_sp,
         kernel=kernel, strides=nums.strides, dilations=nums.dilations, pads_begin=pb,
         pads_end=pe, output_padding=opad, channels_last=data.channels_last,
-        weights_perm=_weights_perm(weights_format, data.ndim, spec.family),
+        weights_perm=weights_perm(weights_format, data.ndim, spec.family),
         data_format=data_format, weights_format=weights_format, has_bias=bias is not None,
     )
 
@@ -638,14 +216,14 @@ def _read_data(spec: OpSpec, shapes, data_format: str) -> _Data:
     op = spec.name
     names = [name for name in ("src", "diff_dst") if shapes.get(name) is not None]
     first = names[0]
-    first_shape = _shape(op, first, shapes[first])
+    first_shape = parse_shape(op, first, shapes[first])
     data = _Data(spec, data_format, first, {first: first_shape}, len(first_shape) - 2)
     if len(first_shape) < 3:
         msg = (f"{op}: {first} must have rank >= 3 ([N, C, X..] or [N, X.., C], at least one "
                f"spatial axis); got {first}.shape={first_shape}; {data.no_batch()}")
         raise ValueError(msg)
     for name in names:
-        shape = _shape(op, name, shapes[name])
+        shape = parse_shape(op, name, shapes[name])
         if len(shape) != data.ndim + 2:
             msg = (f"{op}: {name} must have the same rank as {first} ({data.ndim + 2}); got "
                    f"{first}.shape={first_shape}, {name}.shape={shape}")
@@ -664,14 +242,14 @@ def _read_numbers(data: _Data, attrs: Attrs, auto_pad: str) -> _Numbers:
     nums = _Numbers(
         strides=parse_ints(op, "strides", attrs.strides, ndim),
         dilations=parse_ints(op, "dilations", attrs.dilations, ndim),
-        pads_begin=_parse_pads(op, "pads_begin", attrs.pads_begin, ndim, auto_pad),
-        pads_end=_parse_pads(op, "pads_end", attrs.pads_end, ndim, auto_pad),
+        pads_begin=parse_pads(op, "pads_begin", attrs.pads_begin, ndim, auto_pad),
+        pads_end=parse_pads(op, "pads_end", attrs.pads_end, ndim, auto_pad),
         output_padding=parse_ints(op, "output_padding", attrs.output_padding, ndim),
-        groups=_as_int(op, "groups", attrs.groups),
+        groups=parse_int(op, "groups", attrs.groups),
     )
     for name, lo in (("strides", 1), ("dilations", 1), ("pads_begin", 0), ("pads_end", 0),
                      ("output_padding", 0)):
-        _check_min(op, name, getattr(nums, name), lo)
+        check_min(op, name, getattr(nums, name), lo)
     if nums.groups < 1:
         msg = f"{op}: groups must be a positive integer; got groups={nums.groups}"
         raise ValueError(msg)
@@ -692,7 +270,7 @@ def _read_weights(data: _Data, groups: int, weights_format: str, weights, weight
         given = _weights_from_shape_arg(op, weights_shape, ndim, weights_format, read_as)
         a_channels, b_channels = data.channels(spec.large), data.channels(spec.small)
     else:
-        given = _shape(op, "weights", weights)
+        given = parse_shape(op, "weights", weights)
         if len(given) != ndim + 2:
             msg = (f"{op}: weights must have rank {ndim + 2} ({weights_format}, matching "
                    f"{data.first}.shape={data.shapes[data.first]}); got weights.shape={given}"
@@ -701,17 +279,17 @@ def _read_weights(data: _Data, groups: int, weights_format: str, weights, weight
         a_channels = b_channels = None
     full = None if given[0] == "spatial" else given
 
-    def layout_hint() -> str:
+    def hint() -> str:
         order = ((spec.large, spec.small) if spec.primitive == "backward_weights"
                  else (data.first, data.first))
-        return _layout_hint(spec.family, spec.primitive, data.shapes, order, full, groups,
+        return layout_message(spec.family, spec.primitive, data.shapes, order, full, groups,
                             data.data_format, weights_format)
 
     if full is None:
         kernel = given[1]
-        _check_groups(op, groups, a_channels, b_channels, spec.large, spec.small, layout_hint)
+        _check_groups(op, groups, a_channels, b_channels, spec.large, spec.small, hint)
     else:
-        perm = _weights_perm(weights_format, ndim, spec.family)
+        perm = weights_perm(weights_format, ndim, spec.family)
         kernel = tuple(full[i] for i in perm[2:])
         w_cb, w_ca = full[perm[0]], full[perm[1]]
         if spec.primitive == "forward":
@@ -719,7 +297,7 @@ def _read_weights(data: _Data, groups: int, weights_format: str, weights, weight
         elif spec.primitive == "backward_data":
             a_channels, b_channels = w_ca * groups, data.channels(data.first)
         _check_weights_channels(data, weights_format, full, (w_cb, w_ca), groups,
-                                (a_channels, b_channels), layout_hint)
+                                (a_channels, b_channels), hint)
     if any(k < 1 for k in kernel):
         msg = f"{op}: kernel sizes must be positive; got kernel spatial sizes {kernel}"
         raise ValueError(msg)
@@ -727,21 +305,21 @@ def _read_weights(data: _Data, groups: int, weights_format: str, weights, weight
 
 
 def _check_weights_channels(data: _Data, weights_format, full, w_channels, groups, channels,
-                            layout_hint) -> None:
+                            hint) -> None:
     """The weights' two channel axes against the data channels."""
     spec, op = data.spec, data.op
     (w_cb, w_ca), (a_channels, b_channels) = w_channels, channels
-    meaning = _weights_meaning(spec.family, weights_format)
+    meaning = weights_meaning(spec.family, weights_format)
     wname = "weights_shape" if spec.primitive == "backward_weights" else "weights.shape"
     if w_cb < 1 or w_ca < 1:
         msg = (f"{op}: {wname}={full} must have at least one channel on each channel "
                f"axis ({weights_format} weights are [{meaning}])")
         raise ValueError(msg)
-    _check_groups(op, groups, a_channels, b_channels, spec.large, spec.small, layout_hint)
+    _check_groups(op, groups, a_channels, b_channels, spec.large, spec.small, hint)
     ic, oc = ((a_channels, b_channels) if spec.family == "convolution"
               else (b_channels, a_channels))
     role_cb, role_ca = ("O", "I") if spec.family == "convolution" else ("I", "O")
-    axis = _AXIS_MEANING[spec.family]
+    axis = AXIS_MEANING[spec.family]
     wrong = [f"the {role} axis ({axis[role]}) must be {want}, got {got}"
              for role, want, got in ((role_cb, b_channels, w_cb),
                                      (role_ca, a_channels // groups, w_ca))
@@ -749,7 +327,7 @@ def _check_weights_channels(data: _Data, weights_format, full, w_channels, group
     if wrong:
         msg = (f"{op}: {wname}={full} does not match the data channels: {weights_format} "
                f"weights are [{meaning}] and here IC={ic}, OC={oc}, groups={groups}, so "
-               f"{'; '.join(wrong)}; {layout_hint()}")
+               f"{'; '.join(wrong)}; {hint()}")
         raise ValueError(msg)
 
 
@@ -816,18 +394,18 @@ def _transposed_sizes(data: _Data, nums: _Numbers, eks, auto_pad, kernel, a_chan
 
 
 def _check_bias(op: str, bias, channels: int) -> None:
-    shape = _shape(op, "bias", bias)
+    shape = parse_shape(op, "bias", bias)
     if shape != (channels,):
         msg = (f"{op}: bias must have shape (OC,) = ({channels},), one value per output "
                f"channel; got bias.shape={shape}")
         raise ValueError(msg)
 
 
-def _check_groups(op, groups, a_channels, b_channels, large_name, small_name, layout_hint):
+def _check_groups(op, groups, a_channels, b_channels, large_name, small_name, hint):
     if a_channels % groups or b_channels % groups:
         msg = (f"{op}: groups must divide both channel counts; got groups={groups}, "
                f"{large_name} channels={a_channels}, {small_name} channels={b_channels}; "
-               f"{layout_hint()}")
+               f"{hint()}")
         raise ValueError(msg)
 
 
@@ -851,7 +429,7 @@ def _weights_from_shape_arg(op, weights_shape, ndim, fmt, read_as):
         msg = (f"{op}: weights_shape is required (the full {fmt} weights shape, or the "
                f"{ndim} spatial kernel sizes)")
         raise TypeError(msg)
-    shp = _shape(op, "weights_shape", weights_shape)
+    shp = parse_shape(op, "weights_shape", weights_shape)
     if len(shp) == ndim:
         return ("spatial", shp)
     if len(shp) == ndim + 2:
@@ -863,11 +441,11 @@ def _weights_from_shape_arg(op, weights_shape, ndim, fmt, read_as):
 
 
 def _large_from_dst_shape(op, dst_shape, ndim, channels_last, batch, channels, data_format):
-    shp = _shape(op, "dst_shape", dst_shape)
+    shp = parse_shape(op, "dst_shape", dst_shape)
     if len(shp) == ndim:
         spatial = shp
     elif len(shp) == ndim + 2:
-        n, c, spatial = _split_data(op, "dst_shape", shp, channels_last)
+        n, c, spatial = split_data(op, "dst_shape", shp, channels_last)
         if n != batch or c != channels:
             msg = (f"{op}: dst_shape {shp} ({data_format}) must have batch {batch} and "
                    f"{channels} channels (from the inputs and groups); got batch {n}, "

@@ -1,0 +1,114 @@
+"""Data and weights layouts: where the channels and the kernel sit in each format, and the
+hint that names the formats a mismatched call's shapes fit (docs/semantics.md#layouts)."""
+
+from __future__ import annotations
+
+from ._attributes import WEIGHTS_FORMATS
+from ._optable import Family
+
+
+def split_data(op: str, name: str, shape: tuple[int, ...], channels_last: bool):
+    n = shape[0]
+    if channels_last:
+        return n, shape[-1], shape[1:-1]
+    return n, shape[1], shape[2:]
+
+
+def _weights_axes(fmt: str, ndim: int) -> dict[str, object]:
+    """Positions of O, I and the spatial axes for a weights format of rank ``ndim + 2``."""
+    axes: dict[str, object] = {}
+    pos = 0
+    for letter in fmt:
+        if letter == "X":
+            axes["X"] = tuple(range(pos, pos + ndim))
+            pos += ndim
+        else:
+            axes[letter] = pos
+            pos += 1
+    return axes
+
+
+def weights_perm(fmt: str, ndim: int, family: Family) -> tuple[int, ...]:
+    axes = _weights_axes(fmt, ndim)
+    cb, ca = ("O", "I") if family == "convolution" else ("I", "O")
+    return (axes[cb], axes[ca], *axes["X"])
+
+
+AXIS_MEANING = {"convolution": {"O": "OC", "I": "IC/groups"},
+                 "conv_transpose": {"O": "OC/groups", "I": "IC"}}
+
+
+def weights_meaning(family: Family, fmt: str) -> str:
+    names = {**AXIS_MEANING[family], "X": "K.."}
+    return ", ".join(names[letter] for letter in fmt)
+
+
+#: The weights format of each family that goes with channels-first data in PyTorch and ONNX
+#: (and with channels-last data in TensorFlow and JAX): tried first by the layout hint.
+_USUAL_WEIGHTS = {("convolution", "NCX"): "OIX", ("convolution", "NXC"): "XIO",
+                  ("conv_transpose", "NCX"): "IOX", ("conv_transpose", "NXC"): "XOI"}
+
+
+def _channels_fit(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
+                  order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
+                  data_format: str, weights_format: str) -> bool:
+    """Whether the data and weights channels agree when read in these formats.
+
+    ``data`` holds the full data shapes by name; ``order`` names the (large, small) data
+    inputs of a backward-weights op, or (first, first) otherwise; ``weights`` is the full
+    weights shape, ``None`` when only the kernel sizes are known.
+    """
+    def channels(name: str) -> int:
+        shape = data[name]
+        return shape[-1] if data_format == "NXC" else shape[1]
+
+    ndim = len(next(iter(data.values()))) - 2
+    if weights is not None:
+        perm = weights_perm(weights_format, ndim, family)
+        w_cb, w_ca = weights[perm[0]], weights[perm[1]]
+    if primitive == "backward_weights":
+        a, b = channels(order[0]), channels(order[1])
+    elif primitive == "forward":
+        a, b = channels(order[0]), w_cb
+    else:
+        a, b = w_ca * groups, channels(order[0])
+    if a % groups or b % groups or min(a, b) < 1:
+        return False
+    return weights is None or (w_cb, w_ca) == (b, a // groups)
+
+
+def layout_message(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
+                 order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
+                 data_format: str, weights_format: str) -> str:
+    """How the data was read and, where other formats make the channels agree, which."""
+    channels_last = data_format == "NXC"
+    axis = len(data[order[0]]) - 1 if channels_last else 1
+    read = (f"the data is read as {data_format} "
+            f"({'[N, X.., C], channels last' if channels_last else '[N, C, X..], channels first'}"
+            f"{', the default' if channels_last else ''}), so its channels are "
+            f"{', '.join(f'{n}.shape[{axis}]={data[n][axis]}' for n in dict.fromkeys(order))}")
+    # The other data layout with its usual weights (the PyTorch user's NCX + OIX/IOX), the
+    # other data layout alone, then the other weights formats, the usual ones first.
+    other = "NCX" if channels_last else "NXC"
+    candidates = [(other, weights_format)]
+    if weights is not None:
+        def usual_first(fmt: str) -> list[str]:
+            usual = _USUAL_WEIGHTS[family, fmt]
+            return sorted(WEIGHTS_FORMATS, key=lambda f: f != usual)
+
+        candidates = [(other, _USUAL_WEIGHTS[family, other]), *candidates]
+        candidates += [(data_format, f) for f in usual_first(data_format)]
+        candidates += [(other, f) for f in usual_first(other)]
+    candidates = [c for c in dict.fromkeys(candidates) if c != (data_format, weights_format)]
+    for dfmt, wfmt in candidates:
+        if _channels_fit(family, primitive, data, order, weights, groups, dfmt, wfmt):
+            changes = []
+            if dfmt != data_format:
+                changes.append(f"data_format={dfmt!r}")
+            if wfmt != weights_format:
+                changes.append(f"weights_format={wfmt!r}")
+            torch = (" (channels-first data and PyTorch's weights layout)"
+                     if dfmt == "NCX" and wfmt == _USUAL_WEIGHTS[family, "NCX"] else "")
+            return (f"{read}. These shapes fit {', '.join(changes)}{torch}: if that is how "
+                    f"they are laid out, pass {' and '.join(changes)}")
+    return read
