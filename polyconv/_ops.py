@@ -176,12 +176,19 @@ def _plan_cached(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_s
                    weights_shape=weights_shape).with_(dtype=dtype)
 
 
-def _plain(value: Any) -> bool:
-    """An int, str or None, or a tuple of them: values that hash and compare by value and type
-    alike (``True == 1`` and ``1.0 == 1``, which validation tells apart, are not plain)."""
-    if type(value) is tuple:
-        return all(_plain(v) for v in value)
-    return value is None or type(value) in (int, str)
+def _plain(values: tuple) -> bool:
+    """Every value an int, str or None, or a tuple of ints: values that hash and compare by
+    value and type alike (``True == 1`` and ``1.0 == 1``, which validation tells apart, are
+    not plain). Flat loops: this runs on every call."""
+    for value in values:
+        kind = type(value)
+        if kind is tuple:
+            for item in value:
+                if type(item) is not int:
+                    return False
+        elif kind is not int and kind is not str and value is not None:
+            return False
+    return True
 
 
 def _plan(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
@@ -190,9 +197,8 @@ def _plan(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
     costs tens of microseconds, which show next to a fast backend's small calls) where they
     are all plain values; other calls (lists, numpy integers, bools) resolve uncached. Only
     valid plans are cached: a failing resolution raises every time."""
-    key = (shapes, tuple(getattr(attrs, name) for name in _ATTRIBUTES), dst_shape,
-           weights_shape)
-    if _plain(key):
+    if _plain((*(shape for _, shape in shapes), dst_shape, weights_shape,
+               *(getattr(attrs, name) for name in _ATTRIBUTES))):
         return _plan_cached(spec, shapes, attrs, dst_shape, weights_shape, dtype)
     return resolve(spec, dict(shapes), attrs, dst_shape=dst_shape,
                    weights_shape=weights_shape).with_(dtype=dtype)
