@@ -35,7 +35,7 @@ import torch
 
 from polyconv import ConvPlan, Samples
 
-from . import _autograd
+from . import _autograd, _lowering
 
 __all__ = ["BACKEND", "TorchBackend"]
 
@@ -87,8 +87,14 @@ class TorchBackend:
         """torch tensors for :func:`polyconv.compare`: on the first CUDA device when there is
         one, else on the CPU; labelled with the engine that runs them."""
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        return Samples(f"torch {device} ({engine(device)})",
-                       lambda x: to_tensor(x, device), to_numpy=to_numpy)
+        how = engine(device)
+        if device == "cpu" and dtype == "float64":
+            how = "ATen; oneDNN has no float64"
+        elif dtype in ("float16", "bfloat16") and not _lowering._native_16bit(
+                device, getattr(torch, dtype), False):
+            how += ", computed in float32"
+        return Samples(f"torch {device} ({how})", lambda x: to_tensor(x, device),
+                       to_numpy=to_numpy)
 
 
 def engine(device: str) -> str:
