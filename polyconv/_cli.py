@@ -13,128 +13,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
+from ._cli_args import (
+    DEFAULT_DTYPES,
+    SHAPE_OPTIONS,
+    Parser,
+    UsageError,
+    add_attr_options,
+    add_shape_options,
+    attrs_of,
+    display_name,
+    dtypes_arg,
+    list_arg,
+    op_name,
+    shape_inputs,
+)
+from ._cli_compare import cmd_compare
 from ._compare import (
-    BOUND,
-    Comparison,
-    _backend_names,
-    _shape_str,
-    compare,
     format_table,
-    numpy_dtype,
     trim,
 )
 from ._ops import infer_shape
-from ._optable import MAIN_OPS, lookup, spec
-
-_DTYPE_ALIASES = {"f32": "float32", "float32": "float32", "f16": "float16",
-                  "float16": "float16", "half": "float16", "bf16": "bfloat16",
-                  "bfloat16": "bfloat16", "f64": "float64", "float64": "float64",
-                  "double": "float64"}
-DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
-_SHAPE_OPTIONS = ("src", "weights", "bias", "diff_dst", "weights_shape", "dst_shape")
-_ATTR_OPTIONS = ("strides", "pads_begin", "pads_end", "dilations", "auto_pad",
-                 "output_padding", "groups", "data_format", "weights_format")
-
-
-class UsageError(Exception):
-    """A bad command line; reported as ``polyconv: error: ...``, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-# --------------------------------------------------------------------------------------------
-# argument types
-# --------------------------------------------------------------------------------------------
-
-
-def _int_list(text: str) -> list[int]:
-    parts = [p.strip() for p in text.replace("x", ",").split(",")]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        msg = f"expected integers separated by ',' or 'x'; got {text!r}"
-        raise argparse.ArgumentTypeError(msg) from None
-    return values
-
-
-def shape_arg(text: str) -> tuple[int, ...]:
-    """``8x32x32x64`` or ``8,32,32,64`` -> ``(8, 32, 32, 64)``."""
-    return tuple(_int_list(text))
-
-
-def ints_arg(text: str) -> int | tuple[int, ...]:
-    """``2`` -> ``2`` (broadcast to every axis); ``2,1`` or ``2x1`` -> ``(2, 1)``."""
-    values = _int_list(text)
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def _dtypes_arg(text: str) -> tuple[str, ...]:
-    out = []
-    for part in text.split(","):
-        name = _DTYPE_ALIASES.get(part.strip().lower())
-        if name is None:
-            msg = (f"unknown dtype {part.strip()!r}; accepted: float32, float16, bfloat16, "
-                   f"float64 (or f32, f16, bf16, f64)")
-            raise argparse.ArgumentTypeError(msg)
-        out.append(name)
-    return tuple(dict.fromkeys(out))
-
-
-def _list_arg(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
-def op_name(text: str) -> str:
-    """An op as typed (``ConvTranspose``, ``convtranspose``, ``conv_transpose``) -> the polyconv
-    function name."""
-    return lookup(text).name
-
-
-def display_name(name: str) -> str:
-    """The oneDNN Graph name (or older-spec name) of a polyconv function name."""
-    return spec(name).onednn
-
-
-def _add_shape_options(p: argparse.ArgumentParser, bias_shape: bool) -> None:
-    g = p.add_argument_group("input shapes (NxHxWxC style; ',' works too)")
-    g.add_argument("--src", type=shape_arg, metavar="SHAPE", help="src shape")
-    g.add_argument("--weights", type=shape_arg, metavar="SHAPE",
-                   help="weights shape, in --weights-format order")
-    if bias_shape:
-        g.add_argument("--bias", type=shape_arg, metavar="SHAPE", help="bias shape ([OC])")
-    g.add_argument("--diff-dst", type=shape_arg, metavar="SHAPE", help="diff_dst shape")
-    g.add_argument("--weights-shape", type=shape_arg, metavar="SHAPE",
-                   help="weights_shape of the backward-weights ops (full or spatial only)")
-    g.add_argument("--dst-shape", type=shape_arg, metavar="SHAPE",
-                   help="dst_shape of ConvolutionBackwardData / ConvTranspose "
-                        "(full or spatial only)")
-
-
-def _add_attr_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("attributes (an int is broadcast; lists as 2,1 or 2x1)")
-    for name in ("strides", "pads_begin", "pads_end", "dilations", "output_padding"):
-        g.add_argument("--" + name.replace("_", "-"), type=ints_arg, metavar="INTS")
-    g.add_argument("--auto-pad", metavar="MODE",
-                   help="none, same_upper, same_lower or valid")
-    g.add_argument("--groups", type=int, metavar="G")
-    g.add_argument("--data-format", metavar="FMT", help="NXC (default) or NCX")
-    g.add_argument("--weights-format", metavar="FMT", help="XIO, OIX, IOX or XOI")
-
-
-def _attrs(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in _ATTR_OPTIONS if getattr(args, k) is not None}
+from ._optable import spec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="polyconv",
         description="The convolution family with one exact meaning on every array library.",
         epilog="Run 'polyconv compare' with no arguments for the built-in agreement suite.")
@@ -151,11 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "a float64 reference within |y - y_exact| <= eps(out)*|y_exact| + "
                     "n*eps(acc)*sum|a*w|. With no shapes: the built-in suite of geometries. "
                     "Exit status 1 if any backend breaks the bound.")
-    c.add_argument("--op", type=_list_arg, metavar="OPS",
+    c.add_argument("--op", type=list_arg, metavar="OPS",
                    help="op name(s), comma-separated (default: all six)")
-    c.add_argument("--backends", type=_list_arg, metavar="NAMES",
+    c.add_argument("--backends", type=list_arg, metavar="NAMES",
                    help="comma-separated backend names (default: every available one)")
-    c.add_argument("--dtypes", type=_dtypes_arg, metavar="DTYPES",
+    c.add_argument("--dtypes", type=dtypes_arg, metavar="DTYPES",
                    default=DEFAULT_DTYPES, help="comma-separated (default: float32,float16,"
                                                 "bfloat16; float64 is accepted too)")
     c.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -163,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no bias for Convolution / ConvTranspose (default: with bias)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    _add_shape_options(c, bias_shape=False)
-    _add_attr_options(c)
+    add_shape_options(c, bias_shape=False)
+    add_attr_options(c)
     c.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("shape", help="output shape and resolved pads of one op (no arrays)",
@@ -172,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and the resolved pads of one call, with the op's errors.")
     s.add_argument("op", metavar="OP", help="e.g. ConvTranspose, conv_transpose")
     s.add_argument("--json", action="store_true", help="print as JSON")
-    _add_shape_options(s, bias_shape=True)
-    _add_attr_options(s)
+    add_shape_options(s, bias_shape=True)
+    add_attr_options(s)
     s.set_defaults(func=cmd_shape)
 
     b = sub.add_parser("backends", help="list the backends, their versions and devices",
@@ -201,14 +107,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # polyconv shape
 # --------------------------------------------------------------------------------------------
 
-def _flag(role: str) -> str:
-    return "--" + role.replace("_", "-")
-
-
 def cmd_shape(args: argparse.Namespace) -> int:
     name = op_name(args.op)
-    given = {r: getattr(args, r) for r in _SHAPE_OPTIONS if getattr(args, r) is not None}
-    shapes, attrs = _shape_inputs(name, given, _attrs(args))
+    given = {r: getattr(args, r) for r in SHAPE_OPTIONS if getattr(args, r) is not None}
+    shapes, attrs = shape_inputs(name, given, attrs_of(args))
     plan = infer_shape(name, *trim(list(shapes.values())), **attrs)
     info = {
         "op": display_name(name),
@@ -255,22 +157,6 @@ def backend_info() -> list[dict[str, Any]]:
     return [describe_backend(name) for name in registered_backends()]
 
 
-def _shape_inputs(name: str, given: dict[str, Any], attrs: dict[str, Any]):
-    """The user's shapes as the op's positional inputs (``dst_shape`` of ConvTranspose is a
-    keyword); nothing is derived."""
-    kind, positional = spec(name).kind, spec(name).positional
-    attrs = dict(attrs)
-    if kind == "conv_transpose" and "dst_shape" in given:
-        attrs["dst_shape"] = given.pop("dst_shape")
-    extra = [r for r in given if r not in positional]
-    if extra:
-        msg = (f"{display_name(name)} does not take {', '.join(map(_flag, extra))} (its "
-               f"inputs are {', '.join(map(_flag, positional))}"
-               f"{', --dst-shape' if kind == 'conv_transpose' else ''})")
-        raise UsageError(msg)
-    return {r: given.get(r) for r in positional}, attrs
-
-
 def cmd_backends(args: argparse.Namespace) -> int:
     info = backend_info()
     if args.json:
@@ -282,348 +168,6 @@ def cmd_backends(args: argparse.Namespace) -> int:
     for line in format_table(("backend", "available", "module", "versions", "devices"), rows):
         print(line)
     return 0
-
-
-# --------------------------------------------------------------------------------------------
-# polyconv compare
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    """One geometry of the suite, given as the shapes of the family's forward op."""
-
-    label: str
-    family: str  # "convolution" or "conv_transpose"
-    src: tuple[int, ...]
-    weights: tuple[int, ...]
-    attrs: dict[str, Any] = field(default_factory=dict)
-    ops: tuple[str, ...] = ()  # default: the family's three ops
-    dst_shape: tuple[int, ...] | None = None
-
-
-_CONV_OPS = tuple(s.name for s in MAIN_OPS if s.family == "convolution")
-_TCONV_OPS = tuple(s.name for s in MAIN_OPS if s.family == "conv_transpose")
-
-# Small shapes on purpose: the suite's time is JAX compilation, one per case and dtype.
-# Together the cases use both data formats and all four weight formats in each family.
-SUITE: tuple[Case, ...] = (
-    # Convolution family; weights XIO [K.., IC/G, OC] unless said otherwise.
-    Case("1d strided", "convolution", (2, 9, 3), (3, 3, 4), {"strides": 2}),
-    Case("2d dilated, asymmetric pads, NCX/OIX", "convolution", (1, 3, 7, 6), (4, 3, 3, 2),
-         {"dilations": (2, 1), "pads_begin": (1, 0), "pads_end": (2, 1), "data_format": "NCX",
-          "weights_format": "OIX"}),
-    Case("2d grouped, strided, same_upper", "convolution", (2, 7, 6, 6), (3, 3, 2, 6),
-         {"groups": 3, "strides": 2, "auto_pad": "same_upper"}),
-    Case("2d depthwise, same_lower", "convolution", (1, 6, 7, 4), (3, 2, 1, 4),
-         {"groups": 4, "strides": 2, "auto_pad": "same_lower"}),
-    Case("2d valid, IOX", "convolution", (1, 5, 6, 3), (3, 5, 2, 3),
-         {"strides": (1, 2), "auto_pad": "valid", "weights_format": "IOX"}),
-    Case("3d strided, padded, XOI", "convolution", (1, 4, 5, 4, 2), (2, 3, 2, 3, 2),
-         {"strides": (1, 2, 1), "pads_begin": 1, "pads_end": (0, 1, 1),
-          "weights_format": "XOI"}),
-    Case("2d strided, output_padding", "convolution", (1, 6, 6, 3), (3, 3, 3, 4),
-         {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1},
-         ops=("convolution_backward_data",)),
-    Case("2d same_upper, dst_shape", "convolution", (1, 7, 8, 3), (3, 3, 3, 2),
-         {"strides": 2, "auto_pad": "same_upper"}, ops=("convolution_backward_data",),
-         dst_shape=(7, 8)),
-    # ConvTranspose family; weights XOI [K.., OC/G, IC] unless said otherwise.
-    Case("1d strided, output_padding", "conv_transpose", (2, 5, 4), (3, 3, 4),
-         {"strides": 2, "output_padding": 1}),
-    Case("2d grouped, asymmetric pads, output_padding", "conv_transpose", (1, 4, 5, 6),
-         (3, 3, 2, 6), {"groups": 3, "strides": 2, "pads_begin": (1, 0), "pads_end": (0, 1),
-                        "output_padding": (1, 0)}),
-    Case("2d same_upper, NCX/IOX (PyTorch layout)", "conv_transpose", (2, 4, 3, 4),
-         (4, 3, 3, 3), {"strides": 2, "auto_pad": "same_upper", "data_format": "NCX",
-                        "weights_format": "IOX"}),
-    Case("2d dilated, same_lower, output_padding", "conv_transpose", (1, 4, 4, 3),
-         (3, 3, 2, 3), {"strides": 2, "dilations": 2, "auto_pad": "same_lower",
-                        "output_padding": 1}),
-    Case("2d depthwise, valid, XIO", "conv_transpose", (1, 4, 4, 4), (2, 3, 4, 1),
-         {"groups": 4, "strides": 2, "auto_pad": "valid", "weights_format": "XIO"}),
-    Case("3d strided, padded, output_padding, OIX", "conv_transpose", (1, 3, 4, 3, 2),
-         (3, 2, 2, 3, 2), {"strides": 2, "pads_begin": 1, "pads_end": (1, 0, 1),
-                           "output_padding": (1, 0, 1), "weights_format": "OIX"}),
-    Case("2d same_upper, dst_shape", "conv_transpose", (1, 4, 4, 3), (3, 3, 2, 3),
-         {"strides": 2, "auto_pad": "same_upper"}, ops=("conv_transpose",), dst_shape=(7, 8)),
-)
-
-
-def _forward_attrs(name: str, attrs: dict[str, Any], family: str) -> dict[str, Any]:
-    """The attributes of the family's forward op that produce an op's inputs."""
-    out = {k: v for k, v in attrs.items() if k != "dst_shape"}
-    out["weights_format"] = attrs.get("weights_format") or spec(name).weights_format
-    if family == "convolution":
-        out.pop("output_padding", None)
-    return out
-
-
-def derive_inputs(name: str, attrs: dict[str, Any], given: dict[str, Any], *,
-                  with_bias: bool = True
-                  ) -> tuple[dict[str, tuple[int, ...] | None], dict[str, Any]]:
-    """The positional input shapes and the attributes of op ``name``, filling in what is left out.
-
-    ``given`` holds the shapes the user gave (``src``, ``weights``, ``diff_dst``...). For the
-    backward ops ``diff_dst`` may come from the family's forward op on ``src`` and ``weights``,
-    and ``weights_shape`` from ``weights``; ``bias`` comes from the output channels. The result
-    is validated by :func:`~polyconv.infer_shape` (the op's own errors).
-    """
-    kind, family = spec(name).kind, spec(name).family
-    given = dict(given)
-
-    def need(role: str, how: str = ""):
-        if given.get(role) is None:
-            msg = f"{display_name(name)} needs {_flag(role)}{how}"
-            raise UsageError(msg)
-        return given[role]
-
-    if kind.endswith("backward_weights"):
-        if given.get("weights_shape") is None and given.get("weights") is not None:
-            given["weights_shape"] = given.pop("weights")
-        full = given.pop("weights", None) or need("weights_shape", " (or --weights)")
-        if given.get("diff_dst") is None:
-            if len(full) != len(need("src")):
-                need("diff_dst", " (or the full --weights to derive it from)")
-            given["diff_dst"] = infer_shape(family, given["src"], full,
-                                            **_forward_attrs(name, attrs, family)).shape
-    elif kind in ("convolution", "conv_transpose"):
-        need("src")
-        need("weights")
-    elif kind.endswith("backward_data") and given.get("diff_dst") is None:
-        src = given.pop("src", None)
-        if src is None:
-            need("diff_dst", " (or --src to derive it from)")
-        given["diff_dst"] = infer_shape(family, src, need("weights"),
-                                        **_forward_attrs(name, attrs, family)).shape
-    elif kind.endswith("backward_data"):
-        given.pop("src", None)
-    shapes, attrs = _shape_inputs(name, given, attrs)
-    plan = infer_shape(name, *trim(list(shapes.values())), **attrs)
-    if "bias" in shapes and shapes["bias"] is None and with_bias:
-        shapes["bias"] = (plan.bias_channels,)
-    return shapes, attrs
-
-
-@dataclass(frozen=True)
-class Job:
-    """One op on one set of input shapes; run once per dtype."""
-
-    label: str
-    name: str
-    shapes: dict[str, tuple[int, ...] | None]
-    attrs: dict[str, Any]
-
-
-def _suite_jobs(ops: Sequence[str] | None, bias: bool) -> list[Job]:
-    jobs = []
-    for case in SUITE:
-        family_ops = case.ops or (_CONV_OPS if case.family == "convolution" else _TCONV_OPS)
-        for name in family_ops:
-            if ops is not None and name not in ops:
-                continue
-            given = {"src": case.src, "weights": case.weights, "dst_shape": case.dst_shape}
-            shapes, attrs = derive_inputs(name, case.attrs,
-                                          {k: v for k, v in given.items() if v is not None},
-                                          with_bias=bias)
-            jobs.append(Job(case.label, name, shapes, attrs))
-    return jobs
-
-
-def _custom_jobs(args: argparse.Namespace, ops: Sequence[str] | None) -> tuple[list[Job], list]:
-    attrs = _attrs(args)
-    given = {r: getattr(args, r) for r in _SHAPE_OPTIONS if getattr(args, r, None) is not None}
-    jobs, skipped = [], []
-    for name in ops or (*_CONV_OPS, *_TCONV_OPS):
-        try:
-            shapes, op_attrs = derive_inputs(name, attrs, given, with_bias=not args.no_bias)
-        except (UsageError, ValueError, TypeError) as exc:
-            if ops is not None:
-                raise
-            skipped.append((name, exc))
-            continue
-        jobs.append(Job("", name, shapes, op_attrs))
-    return jobs, skipped
-
-
-def _make_inputs(job: Job, dtype: str, rng) -> list[Any]:
-    out = []
-    for role, value in job.shapes.items():
-        if value is None or role in ("dst_shape", "weights_shape"):
-            out.append(value)
-        else:
-            out.append(rng.uniform(-1.0, 1.0, size=value).astype(numpy_dtype(dtype)))
-    return trim(out)
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled and total > 1
-        self.tty = sys.stderr.isatty()
-        self.step = max(1, total // 5)
-        self.width = 0
-
-    def show(self, i: int, text: str) -> None:
-        if not self.enabled:
-            return
-        line = f"polyconv compare: [{i:>{len(str(self.total))}}/{self.total}] {text}"
-        if self.tty:
-            pad = max(0, self.width - len(line))
-            sys.stderr.write("\r" + line + " " * pad)
-            sys.stderr.flush()
-            self.width = len(line)
-        elif i == 1 or i % self.step == 0:
-            print(line, file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        if self.enabled and self.tty and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            sys.stderr.flush()
-
-
-def _cell(results) -> str:
-    """Worst err/bound of one backend over dtypes, as a table cell."""
-    if any(r.error for r in results):
-        return "ERROR"
-    worst = max(r.max_ratio for r in results)
-    text = f"{worst:.2g}" if worst < float("inf") else "inf"
-    return text if all(r.ok for r in results) else f"FAIL {text}"
-
-
-def _suite_report(comparisons: list[Comparison], backends: list[str],
-                  dtypes: Sequence[str]) -> list[str]:
-    rows: dict[tuple[str, str], dict[str, Any]] = {}  # (op, geometry) -> row, in run order
-    for c in comparisons:
-        row = rows.setdefault((c.op, c.label), {"shape": c.shape, "results": {}})
-        for r in c.results:
-            row["results"].setdefault(r.backend, []).append(r)
-    table = []
-    for (op, label), row in rows.items():
-        cells = [_cell(row["results"][b]) if row["results"].get(b) else "-" for b in backends]
-        table.append((display_name(op), label, _shape_str(row["shape"]), *cells))
-    lines = [f"max err/bound over dtypes (<= 1 is within {BOUND}):"]
-    lines += format_table(("op", "geometry", "output", *backends), table)
-    per_dtype = []
-    for dtype in dtypes:
-        cells = []
-        for b in backends:
-            rs = [r for c in comparisons if c.dtype == dtype for r in c.results
-                  if r.backend == b]
-            cells.append(_cell(rs) if rs else "-")
-        per_dtype.append((dtype, *cells))
-    lines.append("")
-    lines += format_table(("worst by dtype", *backends), per_dtype)
-    return lines
-
-
-def _summary(comparisons: list[Comparison], backends: list[str], dtypes: Sequence[str],
-             seconds: float) -> tuple[str, bool]:
-    results = [(c, r) for c in comparisons for r in c.results]
-    bad = [(c, r) for c, r in results if not r.ok]
-    ok = bool(results) and not bad
-    head = (f"polyconv compare: {_plural(len(comparisons), 'comparison')} x "
-            f"{_plural(len(backends), 'backend')} ({', '.join(backends)}), "
-            f"{'dtype' if len(dtypes) == 1 else 'dtypes'} {', '.join(dtypes)}: ")
-    if not results:
-        return head + "nothing ran", False
-    c, r = max(results, key=lambda cr: (not cr[1].ok, cr[1].max_ratio))
-    where = f"{r.backend}, {' '.join(filter(None, (display_name(c.op), c.label)))}, {c.dtype}"
-    worst = f"{r.max_ratio:.2g}" if r.max_ratio < float("inf") else "inf"
-    if ok:
-        verdict = f"all {_plural(len(results), 'result')} within {BOUND}"
-    else:
-        verdict = f"{len(bad)} of {len(results)} results FAILED"
-    return f"{head}{verdict} (worst err/bound {worst}: {where}) in {seconds:.1f} s", ok
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _reason(name: str, exc: BaseException) -> str:
-    """Why op ``name`` was skipped, without saying its name twice: ``needs --weights`` for a
-    missing input, else the op's own message (which names its function)."""
-    text = str(exc)
-    prefix = f"{display_name(name)} "
-    return text.removeprefix(prefix) if isinstance(exc, UsageError) else text
-
-
-def _why_not(skipped: list[tuple[str, BaseException]]) -> str:
-    """The skipped ops grouped by reason: ``Convolution and ConvTranspose need --weights``."""
-    groups: dict[str, list[str]] = {}
-    for name, exc in skipped:
-        groups.setdefault(_reason(name, exc), []).append(display_name(name))
-    parts = []
-    for reason, names in groups.items():
-        if not reason.startswith("needs "):
-            parts.append(reason)
-            continue
-        who = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        verb = "needs" if len(names) == 1 else "need"
-        parts.append(f"{who} {verb} {reason.removeprefix('needs ')}")
-    return "; ".join(parts)
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from ._backends import available_backends
-
-    ops = None if args.op is None else [op_name(o) for o in args.op]
-    backends = _backend_names(args.backends if args.backends else available_backends())
-    custom = any(getattr(args, r, None) is not None for r in _SHAPE_OPTIONS)
-    if not custom and _attrs(args):
-        msg = ("attribute options (--strides, --auto-pad...) need input shapes (--src, "
-               "--weights...); without shapes 'polyconv compare' runs its built-in suite")
-        raise UsageError(msg)
-    if custom:
-        jobs, skipped = _custom_jobs(args, ops)
-        if not jobs:
-            msg = f"no op accepts these shapes and attributes: {_why_not(skipped)}"
-            raise UsageError(msg)
-        for name, exc in skipped:
-            print(f"polyconv compare: skipping {display_name(name)}: {_reason(name, exc)}",
-                  file=sys.stderr)
-    else:
-        jobs = _suite_jobs(ops, bias=not args.no_bias)
-
-    total = len(jobs) * len(args.dtypes)
-    progress = _Progress(total, enabled=not args.quiet)
-    comparisons: list[Comparison] = []
-    t0 = time.perf_counter()
-    try:
-        for j, job in enumerate(jobs):
-            for dtype in args.dtypes:
-                progress.show(len(comparisons) + 1,
-                              f"{display_name(job.name)} {job.label} {dtype}")
-                rng = np.random.default_rng([args.seed, j])
-                inputs = _make_inputs(job, dtype, rng)
-                comparisons.append(compare(job.name, *inputs, backends=backends,
-                                           label=job.label, **job.attrs))
-    finally:
-        progress.done()
-    seconds = time.perf_counter() - t0
-    summary, ok = _summary(comparisons, backends, args.dtypes, seconds)
-    if args.json:
-        print(json.dumps({"ok": ok, "summary": summary, "seconds": seconds,
-                          "backends": backends, "dtypes": list(args.dtypes),
-                          "comparisons": [c.to_dict() for c in comparisons]}))
-        return 0 if ok else 1
-    if custom:
-        for c in comparisons:
-            print(c)
-            print()
-    else:
-        print("\n".join(_suite_report(comparisons, backends, args.dtypes)))
-        failed = [c for c in comparisons if not c.ok]
-        if failed:
-            print("\nfailures:")
-            for c in failed:
-                print(c)
-                print()
-        print()
-    print(summary)
-    return 0 if ok else 1
 
 
 # --------------------------------------------------------------------------------------------
