@@ -27,12 +27,23 @@ FORCED = {
     "gather": "gather",
     "overlap": "overlap,backward_weights=gather_b",
 }
+#: each strategy's internal layouts: the default choice by channel count, or channels-last
+#: throughout (the grid's channel counts are small, which the default runs channels-first)
+LAYOUTS = ("default", "channels-last")
 
 
-@pytest.fixture(params=sorted(FORCED))
-def forced(request):
-    with polyconv_numpy.strategy(FORCED[request.param]):
-        yield request.param
+@pytest.fixture(params=[(f, lay) for f in sorted(FORCED) for lay in LAYOUTS
+                        if f != "exact" or lay == "default"],
+                ids=lambda p: "-".join(p))
+def forced(request, monkeypatch):
+    name, layout = request.param
+    if layout == "channels-last":
+        from polyconv_numpy import _fast, _overlap
+
+        monkeypatch.setattr(_fast, "_CHANNELS_FIRST_MAX", 0)
+        monkeypatch.setattr(_overlap, "CHANNELS_FIRST_BELOW", 0)
+    with polyconv_numpy.strategy(FORCED[name]):
+        yield name
 
 
 @pytest.fixture
@@ -53,6 +64,114 @@ def test_exact_path_by_attribute(monkeypatch, numpy_target):
         check_case(numpy_target, case)
 
 
+# --------------------------------------------------------------------------------------------
+# the forcing knob
+# --------------------------------------------------------------------------------------------
+
+PLAN = polyconv.infer_shape("conv_transpose", (2, 8, 8, 16), (4, 4, 3, 16), strides=2,
+                            pads_begin=1, pads_end=1)
+
+
+def test_strategy_context_and_environment(monkeypatch):
+    choose = polyconv_numpy.choose
+    default = {p: choose(p, PLAN) for p in ("forward", "backward_data", "backward_weights")}
+    with polyconv_numpy.strategy("overlap"):
+        assert choose("forward", PLAN) == choose("backward_data", PLAN) == "overlap"
+        assert choose("backward_weights", PLAN) == default["backward_weights"]
+        with polyconv_numpy.strategy(backward_weights="gather_b", forward="gather"):
+            assert choose("backward_weights", PLAN) == "gather_b"
+            assert choose("forward", PLAN) == "gather"
+            assert choose("backward_data", PLAN) == "overlap"
+        assert choose("forward", PLAN) == "overlap"
+    assert {p: choose(p, PLAN) for p in default} == default
+    monkeypatch.setenv("POLYCONV_NUMPY_STRATEGY", "backward_data=gather, exact")
+    assert choose("backward_data", PLAN) == "gather"
+    assert choose("forward", PLAN) == choose("backward_weights", PLAN) == "exact"
+    with polyconv_numpy.strategy(backward_data="overlap"):       # the context comes first
+        assert choose("backward_data", PLAN) == "overlap"
+
+
+@pytest.mark.parametrize("spec,kw", [("col2im", {}), (None, {"forward": "gather_b"}),
+                                     (None, {"sideways": "gather"})])
+def test_unknown_strategy_is_refused(spec, kw):
+    with pytest.raises(ValueError, match="unknown strategy"), polyconv_numpy.strategy(spec, **kw):
+        pass
+
+
+def test_cost_model_prefers_overlap_for_a_narrow_written_side():
+    # the issue's case: DCGAN's last layer, 64 -> 3 channels (its crossover is measured on
+    # docs/benchmarks.md); and the plain wide layer keeps gathering
+    narrow = polyconv.infer_shape("conv_transpose", (16, 32, 32, 64), (4, 4, 3, 64),
+                                  strides=2, pads_begin=1, pads_end=1)
+    wide = polyconv.infer_shape("conv_transpose", (8, 16, 16, 16), (3, 3, 128, 16), strides=2)
+    assert polyconv_numpy.choose("backward_data", narrow) == "overlap"
+    assert polyconv_numpy.choose("backward_data", wide) == "gather"
+    for plan in (narrow, wide):
+        for prim in ("forward", "backward_data", "backward_weights"):
+            costs = polyconv_numpy.costs(prim, plan)
+            assert len(costs) == 2 and all(c > 0 for c in costs.values())
+
+
+# --------------------------------------------------------------------------------------------
+# NaN and Inf
+# --------------------------------------------------------------------------------------------
+
+def _poisoned(rng, shape, where, value):
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[tuple(min(i, n - 1) for i, n in zip(where, shape))] = value
+    return x
+
+
+NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
+    ("conv_transpose", (2, 5, 6, 4), (4, 4, 3, 4), dict(strides=2, pads_begin=1, pads_end=2,
+                                                        output_padding=1), "weights"),
+    ("conv_transpose", (2, 5, 6, 4), (3, 3, 2, 4), dict(strides=(2, 3), pads_begin=(1, 0),
+                                                        pads_end=(0, 2)), "src"),
+    ("convolution", (2, 9, 8, 4), (3, 3, 4, 5), dict(strides=2, pads_begin=1, pads_end=1),
+     "weights"),
+    ("convolution", (2, 9, 8, 4), (3, 3, 4, 5), dict(strides=(2, 1), pads_begin=(1, 2),
+                                                     pads_end=0), "src"),
+    ("conv_transpose", (1, 6, 3, 2), (2, 2, 3, 2), dict(strides=2, data_format="NXC"),
+     "weights"),
+]
+
+
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+@pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
+@pytest.mark.parametrize("name", ["default", "gather", "overlap"])
+def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
+    # the exact path's result is the reference: padded positions add no term, so an inf in
+    # the weights poisons only the outputs whose in-range sum meets it (the grid would give
+    # 0 * inf = nan at padded ones). A gather strategy hands such calls to the exact path;
+    # overlap adds in-range products only and computes them itself. (Non-finite data meets
+    # only finite weights on the grid, its padding zeros too: forward and backward_data keep
+    # the grid then.)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(src).astype(np.float32)
+    w = rng.standard_normal(wts).astype(np.float32)
+    if poison == "weights":
+        w = _poisoned(rng, wts, (1, 2, 0, 1), value)
+        w[0, 0, 1, 0] = -value
+    else:
+        x = _poisoned(rng, src, (1, 2, 3, 1), value)
+    fn = getattr(polyconv, op)
+    with polyconv_numpy.strategy("exact"):
+        ref = fn(x, w, **attrs)
+    if name == "default":
+        y = fn(x, w, **attrs)
+    else:
+        with polyconv_numpy.strategy(name):
+            y = fn(x, w, **attrs)
+    assert not np.isfinite(ref).all() and np.isfinite(ref).any()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(y), np.isposinf(ref))
+    np.testing.assert_array_equal(np.isneginf(y), np.isneginf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-5, atol=1e-5)
+    if name == "gather" and poison == "weights":    # routed to the exact path: the same
+        np.testing.assert_array_equal(y, ref)                            # numbers
+
+
 @pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
 def test_nonfinite_input_takes_the_exact_path(op):
     # an inf in the data (not in the weights): the fast path is exact here too, and both
@@ -71,22 +190,24 @@ def test_nonfinite_input_takes_the_exact_path(op):
     assert np.isinf(y).any() and np.isfinite(y).any()
 
 
-
+@pytest.mark.parametrize("strategy", ["default", "gather", "overlap"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
-def test_peak_memory_at_most_twice_inputs_and_output(case):
-    # issue 6's bound on the benchmark cases: no im2col of the whole input, no full-size
-    # float32 copies of 2-byte tensors (tracemalloc sees every numpy buffer: a count, not a
-    # timing)
+def test_peak_memory_at_most_twice_inputs_and_output(case, strategy):
+    # issue 6's bound on the benchmark cases, for the default choice and each strategy
+    # forced: no im2col of the whole input, no full-size float32 copies of 2-byte tensors
+    # (tracemalloc sees every numpy buffer: a count, not a timing)
     import tracemalloc
 
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(numpy_dtype(case.dtype)) for s in case.shapes]
     fn = getattr(polyconv, case.op)
-    tracemalloc.start()
-    try:
-        y = fn(*arrays, *case.extra, **case.attrs)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    spec = None if strategy == "default" else FORCED[strategy]
+    with polyconv_numpy.strategy(spec):
+        tracemalloc.start()
+        try:
+            y = fn(*arrays, *case.extra, **case.attrs)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
     assert peak <= 2 * (sum(a.nbytes for a in arrays) + y.nbytes)

@@ -106,58 +106,111 @@ def forced(primitive: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# the cost model: seconds, from a roofline of each matrix product and a per-element price of
-# each copy or add (constants measured on a 2-core x86 CPU with OpenBLAS; see
-# docs/benchmarks.md#numpy-strategies for the grid that checks the crossover)
+# The cost model: seconds, as the sum of each matrix product's time (its shape's measured rate)
+# and a per-element price of each copy and add, which depends on the length of the contiguous
+# runs it moves (a numpy copy or add pays about 3-9 ns per run besides its per-element cost).
+# Constants measured on a 2-core x86-64 CPU with OpenBLAS (float32, one thread; products on
+# two threads run about 1.6x faster, copies and adds are single-threaded); the grid that
+# checks the crossover is on docs/benchmarks.md (numpy strategies).
 # --------------------------------------------------------------------------------------------
 
-GEMM_FLOPS = 150e9       # float32 multiply-add pairs x 2 per second, large products
-GEMM_BYTES = 10e9        # bytes per second a narrow (memory-bound) product streams
-GATHER_S = 0.6e-9        # per element copied into a gathered block
-ADD_S = 0.8e-9           # per element of a strided add (read, add, write)
-COPY_S = 0.3e-9          # per element of a contiguous copy, fill or layout change
-CALL_S = 3e-6            # per numpy call (matmul, add, copy) issued in a Python loop
+#: float32 matrix-product rate in GFLOP/s on one thread, [M = 8192, K] x [K, N], by K (rows)
+#: and N (columns) in powers of 4 from 1 to 4096
+_GEMM_K = (1, 4, 16, 64, 256, 1024, 4096)
+_GEMM_N = (1, 4, 16, 64, 256, 1024, 4096)
+_GEMM_GFLOPS = (
+    (1.1, 2.0, 2.1, 2.1, 2.1, 1.7, 1.8),
+    (6.8, 21.7, 51.7, 58.2, 63.6, 20.9, 15.0),
+    (24.8, 41.2, 91.1, 104.7, 103.7, 58.9, 46.7),
+    (37.1, 43.5, 104.0, 121.4, 125.7, 94.2, 90.8),
+    (41.9, 42.5, 104.9, 116.7, 120.2, 119.6, 123.5),
+    (20.4, 19.7, 58.6, 99.6, 117.7, 121.6, 125.0),
+    (18.6, 16.2, 51.8, 94.5, 111.9, 121.7, 125.2),
+)
+THREADS_SPEEDUP = 1.6     # products on the machine's two cores
+COPY_S = 0.07e-9          # per element of a copy, plus COPY_RUN_S per contiguous run
+COPY_RUN_S = 2.9e-9
+COPY_STRIDED_S = 0.4e-9   # per element of a copy whose innermost axis is strided
+ADD_S = 0.5e-9            # per element of an in-place add, plus ADD_RUN_S per run
+ADD_RUN_S = 9e-9
+ADD_STRIDED_S = 1.4e-9    # per element of an add whose innermost axis is strided
+FILL_S = 0.13e-9          # per element of a contiguous fill or copy
+TRANSPOSE_S = 1.5e-9      # per element of a layout change (channels-first <-> last)
+CALL_S = 3e-6             # per numpy call issued in a Python loop
 
 
-def _gemm(m: float, k: float, n: float, itemsize: int) -> float:
-    return max(2 * m * k * n / GEMM_FLOPS, (m * k + m * n) * itemsize / GEMM_BYTES)
+def _rate(k: float, n: float) -> float:
+    """Interpolated product rate (FLOP/s) for ``K = k``, ``N = n`` (log-log, clamped)."""
+    def pos(v, grid):
+        x = min(max(math.log(max(v, 1), 4), 0), len(grid) - 1)
+        i = min(int(x), len(grid) - 2)
+        return i, x - i
+    i, fi = pos(k, _GEMM_K)
+    j, fj = pos(n, _GEMM_N)
+    r = _GEMM_GFLOPS
+    v = ((1 - fi) * (1 - fj) * r[i][j] + fi * (1 - fj) * r[i + 1][j]
+         + (1 - fi) * fj * r[i][j + 1] + fi * fj * r[i + 1][j + 1])
+    return v * 1e9 * THREADS_SPEEDUP
+
+
+def _gemm(m: float, k: float, n: float) -> float:
+    return 2 * m * k * n / _rate(k, n)
+
+
+def _copy(elements: float, run: float) -> float:
+    """A copy moving contiguous runs of ``run`` elements (1: a strided innermost axis)."""
+    return elements * (COPY_STRIDED_S if run <= 1 else COPY_S + COPY_RUN_S / run)
+
+
+def _add(elements: float, run: float) -> float:
+    return elements * (ADD_STRIDED_S if run <= 1 else ADD_S + ADD_RUN_S / run)
 
 
 @functools.lru_cache(maxsize=1024)
 def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     ph = phases(plan)
-    item = 8 if plan.acc_dtype == "float64" else 4
+    item = 2 if plan.acc_dtype == "float64" else 1      # float64 moves twice the bytes
     t = len(ph.taps)
     g = plan.groups
     ca, cb = plan.a_channels, plan.b_channels
     cg, og = ca // g, cb // g
-    grid = [max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes]
-    rows = plan.batch * math.prod(grid)                    # phase-grid rows
+    cells = [max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes]
+    rows = plan.batch * math.prod(cells)                   # phase-grid rows
     ma = plan.batch * math.prod(plan.a_spatial)            # rows of a
     mb = plan.batch * math.prod(plan.b_spatial)            # rows of b
-    nph = len(ph.by_phase)
-    in_range = sum(math.prod(sl.stop - sl.start for sl in b_idx)
-                   for _, b_idx, _ in ph.tap_windows) * plan.batch    # rows x taps added
-    blocks = max(1, rows * t * max(ca, cb) * item // (1 << 20))
+    nph, sp = len(ph.by_phase), math.prod(plan.strides)
+    last_b = plan.b_spatial[-1]
+    layout = 0.0 if plan.channels_last else TRANSPOSE_S    # per element moved across layouts
+    blocks = max(1, rows * t * max(ca, cb) * 4 // (1 << 20))
+    calls = blocks * (t + nph) * CALL_S
     if primitive == "forward":
-        gather = (nph * rows * ca * COPY_S + rows * t * ca * GATHER_S
-                  + g * _gemm(rows, t * cg, og, item) + blocks * (t + 1) * CALL_S)
-        overlap = (ma * ca * COPY_S + g * _gemm(ma, cg, t * og, item)
-                   + in_range * cb * ADD_S + mb * cb * COPY_S + t * CALL_S)
+        gather = (item * (nph * rows * ca * FILL_S + ma * ca * layout
+                          + _copy(rows * t * ca, cg) + mb * cb * (FILL_S + layout))
+                  + g * _gemm(rows, t * cg, og) + calls)
+        overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og)
+                           + mb * cb * (FILL_S + layout))
+                   + g * _gemm(ma, cg, t * og) + t * CALL_S)
         return {"gather": gather, "overlap": overlap}
     if primitive == "backward_data":
-        gather = (rows * cb * COPY_S + rows * t * cb * GATHER_S
-                  + sum(g * _gemm(rows, len(ts) * og, cg, item) for _, ts in ph.by_phase)
-                  + nph * rows * ca * COPY_S + blocks * (t + nph) * CALL_S)
-        overlap = (mb * cb * COPY_S + g * _gemm(mb, og, t * cg, item)
-                   + in_range * ca * ADD_S + 2 * ma * ca * COPY_S + t * CALL_S)
+        gather = (item * (rows * cb * FILL_S + mb * cb * layout
+                          + _copy(rows * t * cb, og) + ma * ca * (FILL_S + layout))
+                  + sum(g * _gemm(rows, len(ts) * og, cg) for _, ts in ph.by_phase) + calls)
+        if not plan.channels_last or cg < 32:      # channels-first accumulators
+            moves = (_add(mb * t * ca, last_b) + sp * rows * ca * FILL_S
+                     + _copy(ma * ca, 1 if plan.strides[-1] > 1 else last_b)
+                     + (ma * ca * TRANSPOSE_S if plan.channels_last else 0))
+        else:
+            moves = _add(mb * t * ca, ca) + 2 * ma * ca * FILL_S
+        overlap = (item * (mb * cb * FILL_S + moves) + g * _gemm(mb, og, t * cg)
+                   + t * CALL_S)
         return {"gather": gather, "overlap": overlap}
     # backward_weights: gather a's taps (T*Ca per row) or b's (T*Cb per row, per phase)
-    gather = (nph * rows * ca * COPY_S + rows * cb * COPY_S + rows * t * ca * GATHER_S
-              + g * _gemm(rows, og, t * cg, item) + blocks * (t + 1) * CALL_S)
-    gather_b = (nph * rows * ca * COPY_S + rows * cb * COPY_S + rows * t * cb * GATHER_S
-                + sum(g * _gemm(rows, len(ts) * og, cg, item) for _, ts in ph.by_phase)
-                + blocks * (t + nph) * CALL_S)
+    common = item * (nph * rows * ca * FILL_S + ma * ca * layout + rows * cb * FILL_S
+                     + mb * cb * layout)
+    gather = (common + item * _copy(rows * t * ca, cg) + g * _gemm(og, rows, t * cg)
+              + calls)
+    gather_b = (common + item * _copy(rows * t * cb, og)
+                + sum(g * _gemm(len(ts) * og, rows, cg) for _, ts in ph.by_phase) + calls)
     return {"gather": gather, "gather_b": gather_b}
 
 

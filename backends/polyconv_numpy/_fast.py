@@ -88,6 +88,18 @@ class _Grid:
             grid[win[0]] = a_cl[win[1]]
         return rows
 
+    def phase_rows_channels_first(self, a: Any, phase: tuple[int, ...],
+                                  acc: np.dtype) -> np.ndarray:
+        """:meth:`phase_rows`, transposed: ``[Ca, rows + margin]``."""
+        a_cl = channels_last_view(a, self.plan)
+        rows = np.zeros((a_cl.shape[-1], self.rows + self.margin), dtype=acc)
+        win = self.ph.phase_window(phase, self.p)
+        if win is not None:
+            grid = rows[:, : self.rows].reshape(-1, self.plan.batch, *self.p)
+            grid[(slice(None), slice(None), *win[0])] = np.moveaxis(
+                a_cl[(slice(None), *win[1])], -1, 0)
+        return rows
+
     def output(self, channels: int, dtype: np.dtype, bias: Any) -> tuple[np.ndarray, np.ndarray]:
         """The large tensor in the user's layout and dtype, and its channels-last view.
 
@@ -183,10 +195,18 @@ class _Channels:
         return rows.reshape(rows.shape[0], self.g, -1).transpose(1, 0, 2)
 
 
+def _channels_first(ch: _Channels) -> bool:
+    """Whether to gather channels-first: few channels per group on the gathered side make
+    runs of rows the longer contiguous copies (and the product's output the wide side)."""
+    return not ch.depthwise and ch.cg <= _CHANNELS_FIRST_MAX
+
+
 def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
     grid, ch = _Grid(plan), _Channels(plan)
     w4 = ch.weights4(canonical_weights(w, plan, acc))            # [G, Og, Cg, T]
+    if _channels_first(ch):
+        return _forward_channels_first(plan, grid, ch, w4, a, bias, out_dtype, acc)
     phases = grid.split(a, acc)
     sources = [(phases[phase], off) for phase, off in grid.taps]
     b = np.empty((grid.rows, plan.b_channels), dtype=acc)
@@ -206,6 +226,49 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     b = grid.crop(b)
     add_bias(b, bias)
     return to_user_layout(b, plan, out_dtype)
+
+
+def _gather_channels_first(sources, j0: int, j1: int, ch: _Channels, buf: np.ndarray):
+    """``[G, len(sources)*Cg, n]``: the columns ``src[:, j0 + o : j1 + o]`` stacked per group,
+    each a copy of contiguous runs of ``n`` rows."""
+    n = j1 - j0
+    out = buf[: ch.g * len(sources) * ch.cg * n].reshape(ch.g, len(sources), ch.cg, n)
+    for i, (src, off) in enumerate(sources):
+        out[:, i] = src[:, j0 + off: j1 + off].reshape(ch.g, ch.cg, n)
+    return out.reshape(ch.g, -1, n)
+
+
+def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, a: Any,
+                            bias: Any, out_dtype: np.dtype, acc: np.dtype) -> np.ndarray:
+    """forward for few channels per group of ``a``: ``b[Cb, rows] = W[G, Og, T*Cg] @ [a_r(t)[Cg,
+    rows + off_t] for t]``, per block of rows; the result is channels-first already."""
+    phases = {phase: grid.phase_rows_channels_first(a, phase, acc) for phase in grid.phases}
+    sources = [(phases[phase], off) for phase, off in grid.taps]
+    t = len(sources)
+    wcat = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(ch.g, ch.og, t * ch.cg)
+    blocks = list(_blocks(grid.rows, t * plan.a_channels * acc.itemsize, _GROUPED_BLOCK_BYTES))
+    buf = np.empty(t * plan.a_channels * max(j1 - j0 for j0, j1 in blocks), dtype=acc)
+    if plan.channels_last:      # rows x channels, as the user's layout: b^T = gathered^T W^T
+        b = np.empty((grid.rows, plan.b_channels), dtype=acc)
+        for j0, j1 in blocks:
+            gathered = _gather_channels_first(sources, j0, j1, ch, buf)
+            np.matmul(gathered.transpose(0, 2, 1), wcat.transpose(0, 2, 1),
+                      out=ch.grouped(b[j0:j1]))
+        b = grid.crop(b)
+        add_bias(b, bias)
+        return to_user_layout(b, plan, out_dtype)
+    b = np.empty((plan.b_channels, grid.rows), dtype=acc)
+    bg = b.reshape(ch.g, ch.og, grid.rows)
+    for j0, j1 in blocks:
+        np.matmul(wcat, _gather_channels_first(sources, j0, j1, ch, buf), out=bg[:, :, j0:j1])
+    # [Cb, N, P..] -> [Cb, N, B..] -> [N, Cb, B..], bias before the one rounding
+    crop = b.reshape(plan.b_channels, plan.batch, *grid.p)[
+        (slice(None), slice(None), *(slice(0, n) for n in plan.b_spatial))]
+    if bias is not None:
+        crop += np.asarray(bias).astype(acc).reshape(-1, *(1,) * (plan.ndim + 1))
+    out = np.empty(plan.b_shape, dtype=out_dtype)
+    out[...] = np.moveaxis(crop, 0, 1)
+    return out
 
 
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
@@ -284,6 +347,8 @@ def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.nd
 def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
     grid, ch = _Grid(plan), _Channels(plan)
+    if _channels_first(ch):
+        return _backward_weights_channels_first(plan, grid, ch, a, b, out_dtype, acc)
     phases = grid.split(a, acc)
     b_rows = grid.embed(b, 0, acc)
     sources = [(phases[phase], off) for phase, off in grid.taps]
@@ -332,6 +397,26 @@ def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
             dw += np.matmul(blk, ch.grouped(a_r[j0:j1]))
         # [G, n, Og, Cg] -> the taps' columns of [G, Og, Cg, T]
         w4[..., taps] = dw.reshape(ch.g, n, ch.og, ch.cg).transpose(0, 2, 3, 1)
+    canon = w4.reshape(plan.w_shape)
+    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
+                                dtype=out_dtype)
+
+
+def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, a: Any, b: Any,
+                                     out_dtype: np.dtype, acc: np.dtype) -> np.ndarray:
+    """backward_weights for few channels per group of ``a``: ``dW[G, Og, T*Cg] += b[G, Og,
+    rows] @ [a_r(t)[Cg, rows + off_t] for t]^T`` per block of rows."""
+    phases = {phase: grid.phase_rows_channels_first(a, phase, acc) for phase in grid.phases}
+    sources = [(phases[phase], off) for phase, off in grid.taps]
+    t = len(sources)
+    b_cf = grid.embed_channels_first(b, 0, acc).reshape(ch.g, ch.og, grid.rows)
+    dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
+    blocks = list(_blocks(grid.rows, t * plan.a_channels * acc.itemsize, _GROUPED_BLOCK_BYTES))
+    buf = np.empty(t * plan.a_channels * max(j1 - j0 for j0, j1 in blocks), dtype=acc)
+    for j0, j1 in blocks:
+        gathered = _gather_channels_first(sources, j0, j1, ch, buf)     # [G, T*Cg, n]
+        dwcat += np.matmul(b_cf[:, :, j0:j1], gathered.transpose(0, 2, 1))
+    w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)    # [G, Og, Cg, T]
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)

@@ -26,6 +26,7 @@ when it is channels-last in the accumulation dtype, else one block of batch elem
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -36,8 +37,9 @@ from polyconv._phases import phases
 
 from ._common import add_bias, canonical_weights, channels_last_view, dtypes
 
-#: target size of one block of the product (``rows x T*C``)
-BLOCK_BYTES = 4 << 20
+#: target size of one block of the product (``rows x T*C``); one buffer of it is reused by
+#: every block (a fresh multi-megabyte array pays a page fault per 4 KiB on first touch)
+BLOCK_BYTES = 2 << 20
 
 
 def _output(plan: ConvPlan, channels: int, spatial: tuple[int, ...], dtype: np.dtype):
@@ -47,6 +49,21 @@ def _output(plan: ConvPlan, channels: int, spatial: tuple[int, ...], dtype: np.d
         return out, out
     out = np.empty((plan.batch, channels, *spatial), dtype=dtype)
     return out, np.moveaxis(out, 1, -1)
+
+
+class _Scratch:
+    """One reusable flat buffer per role, grown when a block needs more."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.bufs: dict[str, np.ndarray] = {}
+
+    def get(self, role: str, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        buf = self.bufs.get(role)
+        if buf is None or buf.size < size:
+            buf = self.bufs[role] = np.empty(size, dtype=self.dtype)
+        return buf[:size].reshape(shape)
 
 
 def _blocks(batch: int, rows0: int, row_bytes: int):
@@ -108,10 +125,10 @@ class _Weights:
             self.read, self.written = self.cg, self.og
             self.w = np.ascontiguousarray(w4.transpose(0, 2, 3, 1))
 
-    def product(self, x: np.ndarray) -> np.ndarray:
-        """``[M, G*read]`` -> ``[M, G, T, written]``."""
+    def product(self, x: np.ndarray, scratch: _Scratch) -> np.ndarray:
+        """``[M, G*read]`` -> ``[M, G, T, written]``, in a reused buffer."""
         m, g = x.shape[0], self.g
-        y = np.empty((m, g, self.t, self.written), dtype=x.dtype)
+        y = scratch.get("y", (m, g, self.t, self.written))
         if g == 1:
             np.matmul(x, self.w.reshape(self.read, -1), out=y.reshape(m, -1))
         elif self.read == 1:        # one channel read per group: a broadcast multiply
@@ -123,7 +140,97 @@ class _Weights:
         return y
 
 
+#: channels per group of the written side below which backward_data accumulates
+#: channels-first (runs of the last spatial axis are then the longer ones)
+CHANNELS_FIRST_BELOW = 32
+
+
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
+    if not plan.channels_last or plan.a_channels // plan.groups < CHANNELS_FIRST_BELOW:
+        return backward_data_channels_first(plan, b, w, bias)
+    return backward_data_channels_last(plan, b, w, bias)
+
+
+def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
+                                 bias: Any = None) -> np.ndarray:
+    """col2im into per-phase accumulators, channels-first.
+
+    Per block of batch elements (or slab of the first axis of ``b``):
+    ``Y[n, g, t, i, y] = sum_o W[g, o, i, t] b[n, g, o, y]`` (one product, ``[T*Cg, Og] x [Og,
+    rows]``), then tap ``t`` (phase ``r``, shift ``q``) adds ``Y[:, :, t]`` into cells ``y + q``
+    of phase ``r``'s accumulator ``[N, G, Cg, P..]``: unit-stride runs along the last spatial
+    axis, whatever the channel count. Each phase's in-range cells are then written to the
+    output once (the rounding). The accumulator's extra cells only ever receive products
+    whose position lies outside ``a``: they are dropped, so NaN and Inf propagate exactly.
+    """
+    out_dtype, acc = dtypes(b, plan)
+    ph = phases(plan)
+    g, t_n = plan.groups, len(ph.taps)
+    cg, og = plan.a_channels // g, plan.b_channels // g
+    w4 = canonical_weights(w, plan, acc).reshape(g, og, cg, t_n)
+    wcf = np.ascontiguousarray(w4.transpose(0, 3, 2, 1)).reshape(g, t_n * cg, og)
+    bsp, rest = plan.b_spatial, math.prod(plan.b_spatial[1:])
+    b_arr = np.asarray(b)
+    n = plan.batch
+    if plan.channels_last:          # [N, G, Og, B0, rest] views
+        bv = b_arr.reshape(n, bsp[0], rest, g, og).transpose(0, 3, 4, 1, 2)
+    else:
+        bv = b_arr.reshape(n, g, og, bsp[0], rest)
+    out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
+    out_cf = np.moveaxis(out_cl, -1, 1).reshape(n, g, cg, *plan.a_spatial)
+    cells = tuple(max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes)
+    strides = plan.strides
+    nph = math.prod(strides)
+    phase_index = {r: i for i, r in enumerate(itertools.product(*(range(s) for s in strides)))}
+    row_bytes = rest * t_n * plan.a_channels * acc.itemsize
+    buf = None
+    prev = None
+    full = slice(None)
+    scratch = _Scratch(acc)
+
+    def flush(n0: int, n1: int) -> None:
+        add_bias(np.moveaxis(buf.reshape(nph, n1 - n0, plan.a_channels, *cells), 2, -1), bias)
+        for r, i in phase_index.items():
+            win = ph.phase_window(r, cells)
+            if win is not None:
+                out_cf[(slice(n0, n1), full, full, *win[1])] = buf[(i, full, full, full,
+                                                                    *win[0])]
+
+    for n0, n1, y0, y1 in _blocks(n, bsp[0], row_bytes):
+        nb = n1 - n0
+        if (n0, n1) != prev:
+            if prev is not None:
+                flush(*prev)
+            if buf is None or buf.shape[1] != nb:
+                buf = np.empty((nph, nb, g, cg, *cells), dtype=acc)
+            buf[...] = 0
+            prev = (n0, n1)
+        src = bv[n0:n1, :, :, y0:y1]
+        if src.dtype == acc and not plan.channels_last:
+            x = src.reshape(nb, g, og, -1)          # a view
+        else:
+            x = scratch.get("x", src.shape)
+            x[...] = src
+            x = x.reshape(nb, g, og, -1)
+        # [nb, G, T*Cg, rows]; one channel per group read: a broadcast multiply
+        y = scratch.get("y", (nb, g, t_n * cg, x.shape[-1]))
+        (np.multiply if og == 1 else np.matmul)(wcf[None], x, out=y)
+        y = y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:])
+        for t, tap in enumerate(ph.taps):
+            dst = (phase_index[tap.phase], full, full, full,
+                   slice(y0 + tap.shift[0], y1 + tap.shift[0]),
+                   *(slice(q, q + sz) for q, sz in zip(tap.shift[1:], bsp[1:])))
+            view = buf[dst]
+            view += y[:, :, t]
+    if prev is not None:
+        flush(*prev)
+    return out
+
+
+def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
+                                bias: Any = None) -> np.ndarray:
+    """col2im channels-last: each tap's ``[rows, Ca]`` slice of ``b @ W_all`` is added into
+    the in-range window of the output (or of a block accumulator), runs of ``Ca``."""
     out_dtype, acc = dtypes(b, plan)
     wt = _Weights(plan, w, acc, transposed=True)
     b_cl = channels_last_view(b, plan)
@@ -134,6 +241,7 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
     row_bytes = math.prod(b_rest) * wt.t * plan.a_channels * acc.itemsize
     buf = None
     prev = None
+    scratch = _Scratch(acc)
     for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
         nb = n1 - n0
         if (n0, n1) != prev:            # a new batch block: a fresh accumulator
@@ -148,7 +256,7 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
                 buf[...] = 0
             prev = (n0, n1)
         x = np.ascontiguousarray(b_cl[n0:n1, y0:y1], dtype=acc)
-        y = wt.product(x.reshape(-1, plan.b_channels))
+        y = wt.product(x.reshape(-1, plan.b_channels), scratch)
         y = y.reshape(nb, y1 - y0, *b_rest, g, wt.t, cg)
         acc_v = buf.reshape(nb, *plan.a_spatial, g, cg)
         for t, b_index, a_index, _ in _windows(plan, y0, y1):
@@ -179,6 +287,7 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     row_bytes = s0 * math.prod(a_rest) * wt.t * plan.b_channels * acc.itemsize
     buf = None
     prev = None
+    scratch = _Scratch(acc)
     for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
         nb = n1 - n0
         if (n0, n1) != prev:
@@ -198,7 +307,7 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
         x0 = min(span[0] for *_, span in wins)
         x1 = max(span[1] for *_, span in wins)
         x = np.ascontiguousarray(a_cl[n0:n1, x0:x1], dtype=acc)
-        z = wt.product(x.reshape(-1, plan.a_channels))
+        z = wt.product(x.reshape(-1, plan.a_channels), scratch)
         z = z.reshape(nb, x1 - x0, *a_rest, g, wt.t, og)
         acc_v = buf.reshape(nb, *plan.b_spatial, g, og)[:, y0:y1]
         for t, b_index, a_index, _ in wins:
