@@ -351,15 +351,16 @@ def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
 
 
 def ratios(row: dict[str, Any]) -> dict[str, float]:
-    """polyconv-jax's time over each peer's (below 1: polyconv is faster)."""
+    """polyconv-jax's time over each peer's, and polyconv-numpy's over PyTorch's (below 1:
+    polyconv is faster)."""
     t = row["median_s"]
     out = {}
-    if "polyconv-jax" not in t:
-        return out
-    for peer, key in (("lax", "jax/lax"), ("torch", "jax/torch"),
-                      ("polyconv-jax backward ops", "jax/own ops")):
-        if peer in t:
-            out[key] = t["polyconv-jax"] / t[peer]
+    if "polyconv-jax" in t:
+        for peer, key in (("lax", "jax/lax"), ("torch", "jax/torch"),
+                          ("polyconv-jax backward ops", "jax/own ops")):
+            if peer in t:
+                out[key] = t["polyconv-jax"] / t[peer]
+    # the numpy backend's ratio stands on its own (a run without JAX reports it too)
     if "polyconv-numpy" in t and "torch" in t:
         out["numpy/torch"] = t["polyconv-numpy"] / t["torch"]
     return out
@@ -372,20 +373,30 @@ def geomean(values) -> float:
 
 def format_table(results: dict[str, Any]) -> str:
     keys = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch")
-    lines = [f"{'layer':58s} {'mode':9s} {'jax ms':>8s} " + " ".join(f"{k:>11s}" for k in keys)]
+    lines = [f"{'layer':58s} {'mode':9s} {'jax ms':>8s} {'numpy ms':>8s} "
+             + " ".join(f"{k:>11s}" for k in keys)]
     per_key: dict[str, list[float]] = {k: [] for k in keys}
+    per_mode: dict[str, list[float]] = {}
     for row in results["layers"]:
         r = ratios(row)
         t = row["median_s"].get("polyconv-jax")
+        tn = row["median_s"].get("polyconv-numpy")
         cells = []
         for k in keys:
             cells.append(f"{r[k]:11.2f}" if k in r else f"{'-':>11s}")
             if k in r:
                 per_key[k].append(r[k])
+        if "numpy/torch" in r:
+            per_mode.setdefault(row["mode"], []).append(r["numpy/torch"])
         lines.append(f"{row['layer'][:58]:58s} {row['mode']:9s} "
-                     f"{t * 1e3 if t else float('nan'):8.2f} " + " ".join(cells))
-    lines.append(f"{'geometric mean':58s} {'':9s} {'':8s} "
+                     f"{t * 1e3 if t else float('nan'):8.2f} "
+                     f"{tn * 1e3 if tn else float('nan'):8.2f} " + " ".join(cells))
+    lines.append(f"{'geometric mean':58s} {'':9s} {'':8s} {'':8s} "
                  + " ".join(f"{geomean(per_key[k]):11.2f}" for k in keys))
+    for mode, values in per_mode.items():
+        lines.append(f"{'numpy/torch geometric mean, ' + mode:58s} {'':9s} {'':8s} {'':8s} "
+                     + " " * 12 * (len(keys) - 1) + f"{geomean(values):11.2f}"
+                     + f"   (worst {max(values):.2f})")
     lines.append("ratios: polyconv's median time over the peer's in the same run "
                  "(below 1: polyconv is faster)")
     return "\n".join(lines)
@@ -398,19 +409,22 @@ def format_markdown(results: dict[str, Any]) -> str:
     lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs ({m.get('processor', '')}), Python "
              f"{m['python']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
              + ".", "",
-             "| layer | mode | polyconv-jax | lowering | " + " | ".join(keys) + " |",
-             "|---|---|---|---|" + "---|" * len(keys)]
+             "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
+             + " | ".join(keys) + " |",
+             "|---|---|---|---|---|" + "---|" * len(keys)]
     per_key: dict[str, list[float]] = {k: [] for k in keys}
     for row in results["layers"]:
         r = ratios(row)
         for k in r:
             per_key.setdefault(k, []).append(r[k])
         t = row["median_s"].get("polyconv-jax")
+        tn = row["median_s"].get("polyconv-numpy")
         cells = [f"{r[k]:.2f}" if k in r else "-" for k in keys]
         lines.append(f"| {row['layer']} | {row['mode']} | "
                      + (f"{t * 1e3:.2f} ms" if t else "-")
-                     + f" | {row.get('lowering', '')} | " + " | ".join(cells) + " |")
-    lines.append("| **geometric mean** | | | | "
+                     + f" | {row.get('lowering', '')} | "
+                     + (f"{tn * 1e3:.2f} ms" if tn else "-") + " | " + " | ".join(cells) + " |")
+    lines.append("| **geometric mean** | | | | | "
                  + " | ".join(f"**{geomean(per_key[k]):.2f}**" for k in keys) + " |")
     lines += ["", "Ratios: polyconv's median time over the peer's, same run (below 1: polyconv "
               "is faster). *own ops*: polyconv's two backward ops for the layer, the cost the "
