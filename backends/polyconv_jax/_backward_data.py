@@ -1,5 +1,7 @@
-"""backward_data lowerings (``b, W -> a``): the direct lhs-dilated convolution and the phase
-(sub-pixel) decompositions that avoid it, with the default policy that picks one.
+"""backward_data lowerings (``b, W -> a``): the direct lhs-dilated convolution, the lowerings
+built from per-tap products (elementwise, folded phases, per group, matrix product then
+overlap-add), the table of every lowering and the default policy that picks one. The phase
+(sub-pixel) decompositions are in :mod:`polyconv_jax._subpixel`.
 
 Notation and the measurements behind the policy: the docs page "JAX lowerings".
 """
@@ -10,14 +12,21 @@ import itertools
 import math
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from polyconv import ConvPlan
-from polyconv._phases import AxisPhases
-from polyconv._phases import phases as plan_phases
 
 from ._forward import ELEMENTWISE_MAX_CHANNELS
+from ._subpixel import (
+    _by_phase,
+    _interleave,
+    _padding,
+    _phase_shape,
+    _phases,
+    _phases_matmul,
+    _subpixel,
+    _subpixel_matmul,
+)
 from ._xla import _conv_general, _data_spec, _dnums, _merge, _regroup
 
 
@@ -39,285 +48,6 @@ def _direct(plan: ConvPlan, precision, b, w):
         dimension_numbers=_dnums(data, (perm[1], perm[0], *perm[2:]), data),
         feature_group_count=plan.groups, precision=precision,
         preferred_element_type=plan.acc_dtype)
-
-
-def _phases(plan: ConvPlan) -> tuple[AxisPhases, ...]:
-    """Per spatial axis, the phase geometry of the plan (polyconv._phases, cached there).
-
-    In padded coordinates ``X = x + pb`` the product of ``b[y]`` and tap ``k`` lands at
-    ``X = y*s + k*d``. Write ``X = q*s + r``: row ``q`` of phase ``r`` receives exactly the
-    taps of phase ``r``, each from ``y = q - shift_k``. Rows ``q`` in ``[q_lo, q_lo + rows)``
-    of every phase, interleaved, cover the padded range ``[q_lo*s, (q_lo + rows)*s)``, which
-    contains the output ``[pb, pb + A)``; the output starts ``crop`` rows in.
-    """
-    return plan_phases(plan).axes
-
-
-def _padding(p: AxisPhases, top: int, window: int) -> tuple[int, int]:
-    """Pads of ``b`` for a stride-1 window of ``window`` rows whose first row reads
-    ``b[q - top]`` for output row ``q``: the output rows are ``q_lo .. q_lo+rows-1``."""
-    lo = top - p.q_lo
-    return lo, p.rows + window - 1 - p.small - lo
-
-
-def _interleave(plan: ConvPlan, axes: tuple[AxisPhases, ...], parts: dict,
-                group_major: bool = False):
-    """Interleave the phase outputs (``parts[r]``, rows ``q_lo..``) and crop to ``A``.
-
-    ``parts[r]`` is in the user's data layout, or ``[G, N, R.., Ca/G]`` with
-    ``group_major``. All phases are stacked once and one transpose puts phase ``r_i`` right
-    after spatial axis ``i`` (row ``q*s + r``), so XLA copies the output once (stack and
-    transpose fuse), then the padded range is cropped to the output rows.
-    """
-    nd = plan.ndim
-    steps = tuple(p.stride for p in axes)
-    y = jnp.stack([parts[r] for r in itertools.product(*(range(s) for s in steps))])
-    y = y.reshape((*steps, *y.shape[1:]))
-    phase = range(nd)
-    if group_major:            # parts [G, N, R.., o]: G at nd, N at nd+1, R_i at nd+2+i
-        rows = [nd + 2 + i for i in range(nd)]
-        lead, tail = ([nd + 1], [nd, 2 * nd + 2]) if plan.channels_last else (
-            [nd + 1, nd, 2 * nd + 2], [])
-    elif plan.channels_last:   # parts [N, R.., C]
-        rows = [nd + 1 + i for i in range(nd)]
-        lead, tail = [nd], [2 * nd + 1]
-    else:                      # parts [N, C, R..]
-        rows = [nd + 2 + i for i in range(nd)]
-        lead, tail = [nd, nd + 1], []
-    order = (*lead, *itertools.chain.from_iterable(zip(rows, phase)), *tail)
-    y = jnp.transpose(y, order)
-    sizes = tuple(y.shape[len(lead) + 2 * i] * s for i, s in enumerate(steps))
-    if plan.channels_last:
-        y = _merge(y, (plan.batch, *sizes, plan.a_channels))
-    else:
-        y = _merge(y, (plan.batch, plan.a_channels, *sizes))
-    return _crop(plan, axes, y)
-
-
-def _crop(plan: ConvPlan, axes: tuple[AxisPhases, ...], y):
-    start, limit = [0] * y.ndim, list(y.shape)
-    for ax, p in zip(plan.spatial_axes, axes):
-        start[ax], limit[ax] = p.crop, p.crop + p.size
-    if tuple(start) == (0,) * y.ndim and tuple(limit) == y.shape:
-        return y
-    return lax.slice(y, start, limit)
-
-
-def _phase_shape(plan: ConvPlan, axes: tuple[AxisPhases, ...]) -> tuple[int, ...]:
-    rows = tuple(p.rows for p in axes)
-    if plan.channels_last:
-        return (plan.batch, *rows, plan.a_channels)
-    return (plan.batch, plan.a_channels, *rows)
-
-
-def _by_phase(plan: ConvPlan, precision, b, w):
-    """``prod(s)`` stride-1 convolutions, one per phase, with exactly that phase's taps.
-
-    Phase ``r``'s kernel is the taps ``k = r' + j*step`` (every ``step``-th tap, reversed: a
-    correlation), dilated by ``dd``; a phase that no tap reaches is zeros. No multiply-add is
-    wasted, but XLA runs ``prod(s)`` convolutions and the interleave copies the output once.
-    """
-    axes = _phases(plan)
-    data = _data_spec(plan)
-    perm = plan.weights_perm
-    dnums = _dnums(data, (perm[1], perm[0], *perm[2:]), data)
-    parts = {}
-    for r in itertools.product(*(range(p.stride) for p in axes)):
-        taps = [p.taps[ri] for p, ri in zip(axes, r)]
-        if not all(taps):
-            parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
-            continue
-        sub = w
-        for i, (p, t) in enumerate(zip(axes, taps)):
-            sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.tap_step, perm[2 + i])
-        sub = lax.rev(sub, perm[2:])
-        if plan.groups > 1:
-            sub = _regroup(sub, perm[0], perm[1], plan.groups)
-        padding = [_padding(p, p.phase_shifts[ri][-1], (len(t) - 1) * p.shift_step + 1)
-                   for p, ri, t in zip(axes, r, taps)]
-        parts[r] = _conv_general(
-            b, sub, window_strides=(1,) * plan.ndim, padding=padding,
-            rhs_dilation=tuple(p.shift_step for p in axes), dimension_numbers=dnums,
-            feature_group_count=plan.groups, precision=precision,
-            preferred_element_type=plan.acc_dtype)
-    return _interleave(plan, axes, parts)
-
-
-def _fused_kernel(plan: ConvPlan, w):
-    """The sub-pixel kernel ``[Cb, Ca/G, L1, s1, .., Ld, sd]`` (canonical channel order).
-
-    Row ``j`` of axis ``i``, phase ``r``, holds the tap ``k`` with shift ``m_k = top - j`` in
-    phase ``r``, or zero where that phase has no such tap (a gather from the kernel with one
-    zero tap appended: exact, and differentiable).
-    """
-    w = jnp.transpose(w, plan.weights_perm)       # [Cb, Ca/G, K..]
-    zero = jnp.zeros((), w.dtype)
-    for i, (p, k) in enumerate(zip(_phases(plan), plan.kernel)):
-        axis = 2 + 2 * i                           # earlier axes already split in (L, s)
-        top, length = p.max_shift, p.max_shift + 1
-        index = np.full((length, p.stride), k)          # k: the appended zero tap
-        for r, (ks, ms) in enumerate(zip(p.taps, p.phase_shifts)):
-            for t, m in zip(ks, ms):
-                index[top - m, r] = t
-        config = [(0, 0, 0)] * w.ndim
-        config[axis] = (0, 1, 0)
-        w = jnp.take(lax.pad(w, zero, config), index.reshape(-1), axis=axis)
-        w = w.reshape((*w.shape[:axis], length, p.stride, *w.shape[axis + 1:]))
-    return w
-
-
-def _subpixel(plan: ConvPlan, precision, b, w):
-    """One stride-1 convolution into ``prod(s)`` times the channels, then depth-to-space.
-
-    All phases share one window of ``L = top - bottom + 1`` rows per axis (the union of the
-    phases' shifts); a phase's missing taps are zeros, so this does ``prod(L*s)/prod(K)``
-    times the multiply-adds of the exact sum (1.78x for k3 s2 in 2-D, 1 for k16 s8) but is a
-    single, dense, stride-1 XLA convolution. Output channels are ordered
-    ``[G, s1..sd, Ca/G]`` (feature groups must be outermost).
-    """
-    axes = _phases(plan)
-    nd, g = plan.ndim, plan.groups
-    ca_g = plan.a_channels // g
-    fused = _fused_kernel(plan, w)                 # [Cb, Ca/G, L1, s1, ..]
-    lengths = fused.shape[2::2]
-    fused = fused.reshape((g, plan.b_channels // g, *fused.shape[1:]))
-    # -> [Cb/G, G, s1..sd, Ca/G, L1..Ld]
-    order = (1, 0, *(4 + 2 * i for i in range(nd)), 2, *(3 + 2 * i for i in range(nd)))
-    fused = jnp.transpose(fused, order)
-    phases = math.prod(p.stride for p in axes)
-    fused = fused.reshape((plan.b_channels // g, g * phases * ca_g, *lengths))
-    padding = [_padding(p, p.max_shift, n) for p, n in zip(axes, lengths)]
-    data = _data_spec(plan)
-    y = _conv_general(
-        b, fused, window_strides=(1,) * nd, padding=padding,
-        dimension_numbers=_dnums(data, (1, 0, *range(2, nd + 2)), data),
-        feature_group_count=g, precision=precision, preferred_element_type=plan.acc_dtype)
-    rows = y.shape[plan.spatial_axes[0]:plan.spatial_axes[0] + nd]
-    steps = tuple(p.stride for p in axes)
-    if plan.channels_last:   # [N, R.., G, s.., Ca/G] -> [N, R1, s1, .., Rd, sd, G, Ca/G]
-        y = y.reshape((plan.batch, *rows, g, *steps, ca_g))
-        order = (0, *itertools.chain.from_iterable((1 + i, nd + 2 + i) for i in range(nd)),
-                 nd + 1, 2 * nd + 2)
-        y = _merge(jnp.transpose(y, order),
-                   (plan.batch, *(n * s for n, s in zip(rows, steps)), plan.a_channels))
-    else:                    # [N, G, s.., Ca/G, R..] -> [N, G, Ca/G, R1, s1, .., Rd, sd]
-        y = y.reshape((plan.batch, g, *steps, ca_g, *rows))
-        order = (0, 1, nd + 2,
-                 *itertools.chain.from_iterable((nd + 3 + i, 2 + i) for i in range(nd)))
-        y = _merge(jnp.transpose(y, order),
-                   (plan.batch, plan.a_channels, *(n * s for n, s in zip(rows, steps))))
-    return _crop(plan, axes, y)
-
-
-def _group_major(plan: ConvPlan, x, channels: int):
-    """A data tensor in the user's layout as ``[G, N, X.., C/G]`` (outer group split)."""
-    nd, g = plan.ndim, plan.groups
-    if plan.channels_last:
-        return jnp.moveaxis(x.reshape((*x.shape[:-1], g, channels // g)), nd + 1, 0)
-    x = x.reshape((plan.batch, g, channels // g, *x.shape[2:]))
-    return jnp.transpose(x, (1, 0, *range(3, nd + 3), 2))
-
-
-def _windows(plan: ConvPlan, b):
-    """``b`` group-major and padded for every phase's window: ``[G, N, B'.., Cb/G]``.
-
-    Padded so that output row ``q_lo`` of every phase reads its tap with shift ``m`` at
-    index ``top - m`` (``top``: the largest shift on that axis).
-    """
-    x = _group_major(plan, b, plan.b_channels)
-    config = [(0, 0, 0)] * x.ndim
-    for i, p in enumerate(_phases(plan)):
-        config[2 + i] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
-    return lax.pad(x, jnp.zeros((), x.dtype), config)
-
-
-def _product(plan: ConvPlan, precision, x, offsets, kernel, unroll: int = 8):
-    """``sum_t x[.., offset_t + rows.., :] @ kernel[:, t]``, one matrix product per group.
-
-    ``x`` from :func:`_windows`; ``offsets``: per tap a tuple of start rows; ``kernel``:
-    ``[G, T*Cb/G, cols]``. The shifted windows are stacked into patches
-    ``[G, N, R.., T*Cb/G]`` (``T`` times the input's memory; batch and rows stay separate
-    axes, for sharding). Up to ``unroll`` groups get a product each; more groups, one
-    ``dot_general`` batched over them. Returns ``[G, N, R.., cols]`` in the accumulation
-    dtype.
-    """
-    g, n = x.shape[0], x.shape[1]
-    rows = tuple(p.rows for p in _phases(plan))
-    windows = [lax.slice(x, (0, 0, *offset, 0),
-                         (g, n, *(o + r for o, r in zip(offset, rows)), x.shape[-1]))
-               for offset in offsets]
-    patches = jnp.stack(windows, axis=-2)
-    patches = patches.reshape((*patches.shape[:-2], len(offsets) * x.shape[-1]))
-    last = patches.ndim - 1
-    if g <= unroll:
-        return jnp.stack([lax.dot_general(patches[i], kernel[i], (((last - 1,), (0,)), ((), ())),
-                                          precision=precision,
-                                          preferred_element_type=plan.acc_dtype)
-                          for i in range(g)])
-    return lax.dot_general(patches, kernel, (((last,), (1,)), ((0,), (0,))),
-                           precision=precision, preferred_element_type=plan.acc_dtype)
-
-
-def _subpixel_matmul(plan: ConvPlan, precision, b, w):
-    """The sub-pixel product of :func:`_subpixel` as explicit matrix products.
-
-    Patches of all ``T = prod(L)`` window rows (see :func:`_product`) times the sub-pixel
-    kernel ``[G, T*Cb/G, prod(s)*Ca/G]``, then depth-to-space. No convolution: XLA's CPU
-    matrix products beat its small-window and grouped convolutions, and the wide right-hand
-    side (``prod(s)*Ca/G`` columns) keeps them efficient for narrow channels.
-    """
-    axes = _phases(plan)
-    nd, g = plan.ndim, plan.groups
-    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
-    fused = _fused_kernel(plan, w)                 # [Cb, Ca/G, L1, s1, ..]
-    lengths = fused.shape[2::2]
-    steps = tuple(p.stride for p in axes)
-    fused = fused.reshape((g, cb_g, ca_g, *fused.shape[2:]))
-    # -> [G, L1..Ld, Cb/G, s1..sd, Ca/G]
-    order = (0, *(3 + 2 * i for i in range(nd)), 1, *(4 + 2 * i for i in range(nd)), 2)
-    fused = jnp.transpose(fused, order).reshape(
-        (g, math.prod(lengths) * cb_g, math.prod(steps) * ca_g))
-    offsets = list(itertools.product(*(range(n) for n in lengths)))
-    y = _product(plan, precision, _windows(plan, b), offsets, fused)
-    rows = y.shape[2:2 + nd]
-    y = y.reshape((g, plan.batch, *rows, *steps, ca_g))
-    interleaved = tuple(itertools.chain.from_iterable((2 + i, 2 + nd + i) for i in range(nd)))
-    sizes = tuple(r * s for r, s in zip(rows, steps))
-    if plan.channels_last:   # -> [N, R1, s1, .., Rd, sd, G, Ca/G]
-        y = jnp.transpose(y, (1, *interleaved, 0, 2 + 2 * nd))
-        y = _merge(y, (plan.batch, *sizes, plan.a_channels))
-    else:                    # -> [N, G, Ca/G, R1, s1, .., Rd, sd]
-        y = jnp.transpose(y, (1, 0, 2 + 2 * nd, *interleaved))
-        y = _merge(y, (plan.batch, plan.a_channels, *sizes))
-    return _crop(plan, axes, y)
-
-
-def _phases_matmul(plan: ConvPlan, precision, b, w):
-    """The phases of :func:`_by_phase` as explicit matrix products: exact multiply-adds.
-
-    Per phase, patches of its ``T_r`` taps (see :func:`_product`) times the kernel
-    ``[G, T_r*Cb/G, Ca/G]`` of those taps; then the phases are interleaved.
-    """
-    axes = _phases(plan)
-    g = plan.groups
-    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
-    wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
-    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
-    x = _windows(plan, b)
-    parts = {}
-    for r in itertools.product(*(range(p.stride) for p in axes)):
-        taps = list(itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
-                                        for p, ri in zip(axes, r))))
-        if not taps:
-            parts[r] = jnp.zeros((g, plan.batch, *(p.rows for p in axes), ca_g),
-                                 plan.acc_dtype)
-            continue
-        kernel = jnp.stack([wc[(slice(None),) * 3 + tuple(k for k, _ in tap)]
-                            for tap in taps], axis=1)           # [G, T, Cb/G, Ca/G]
-        kernel = kernel.reshape((g, len(taps) * cb_g, ca_g))
-        offsets = [tuple(p.max_shift - m for p, (_, m) in zip(axes, tap)) for tap in taps]
-        parts[r] = _product(plan, precision, x, offsets, kernel)
-    return _interleave(plan, axes, parts, group_major=True)
 
 
 def _elementwise(plan: ConvPlan, precision, b, w):
@@ -373,6 +103,28 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     return _interleave(plan, axes, parts)
 
 
+def _first_axis_kernel(wc, taps: list[int]):
+    """The kernel ``[T0*Cb/G, G*Ca/G, K_rest..]`` of the first axis's taps ``taps`` stacked
+    along input channels, from ``wc`` ``[G, Cb/G, Ca/G, K..]``."""
+    g, cb_g, ca_g = wc.shape[:3]
+    k0 = jnp.stack([wc[:, :, :, k] for k in taps], axis=1)      # [G, T0, Cb/G, Ca/G, ..]
+    k0 = jnp.moveaxis(k0, 0, 2)                                  # [T0, Cb/G, G, Ca/G, ..]
+    return k0.reshape((len(taps) * cb_g, g * ca_g, *k0.shape[4:]))
+
+
+def _folded_padding(rest, phase, taps) -> list[tuple[int, int]]:
+    """Pads of the folded convolution of one phase of the axes after the first: the window's
+    first row is the phase's last tap, at offset ``top - m`` (the input is padded for every
+    tap's offset); the merged axis keeps ``R0*B1'`` rows, the others their rows."""
+    padding = []
+    for i, (p, ri, t) in enumerate(zip(rest, phase, taps)):
+        extent = (len(t) - 1) * p.shift_step + 1
+        lo = p.phase_shifts[ri][-1] - p.max_shift
+        hi = extent - 1 - lo if i == 0 else -p.max_shift + extent - 1 - lo
+        padding.append((lo, hi))
+    return padding
+
+
 def _folded(plan: ConvPlan, precision, b, w):
     """The phases with the first spatial axis's taps stacked along channels, the other axes
     by one stride-1 convolution per phase over a tensor whose first two spatial axes are
@@ -422,10 +174,7 @@ def _folded(plan: ConvPlan, precision, b, w):
         xd = _merge(xd, (*xd.shape[:c], g * len(taps0) * cb_g, *xd.shape[c + 3:]))
         if folded:                                               # merge R0 and B1'
             xd = xd.reshape((*xd.shape[:sa[0]], first.rows * b1, *xd.shape[sa[0] + 2:]))
-        # kernel [T0*Cb/G, G*Ca/G, K_rest..]
-        k0 = jnp.stack([wc[:, :, :, k] for k, _ in taps0], axis=1)   # [G, T0, Cb/G, Ca/G, ..]
-        k0 = jnp.moveaxis(k0, 0, 2)                                  # [T0, Cb/G, G, Ca/G, ..]
-        k0 = k0.reshape((len(taps0) * cb_g, g * ca_g, *k0.shape[4:]))
+        k0 = _first_axis_kernel(wc, [k for k, _ in taps0])
         for rr in itertools.product(*(range(p.stride) for p in rest)):
             taps = [p.taps[ri] for p, ri in zip(rest, rr)]
             if not all(taps):
@@ -435,14 +184,7 @@ def _folded(plan: ConvPlan, precision, b, w):
             for i, (p, t) in enumerate(zip(rest, taps)):
                 sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.tap_step, 2 + i)
             sub = lax.rev(sub, tuple(range(2, 1 + nd)))          # a correlation
-            # the window's first row is the phase's last tap: offset top - m (x is padded for
-            # every tap's offset top - m); the merged axis keeps R0*B1' rows, the others rows
-            padding = []
-            for i, (p, ri, t) in enumerate(zip(rest, rr, taps)):
-                extent = (len(t) - 1) * p.shift_step + 1
-                lo = p.phase_shifts[ri][-1] - p.max_shift
-                hi = extent - 1 - lo if i == 0 else -p.max_shift + extent - 1 - lo
-                padding.append((lo, hi))
+            padding = _folded_padding(rest, rr, taps)
             if not folded:
                 sub = sub[..., None]
                 padding = [(0, 0)]

@@ -9,8 +9,9 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from ._backward_data import _phases, narrow
+from ._backward_data import narrow
 from ._forward import pad_large, patches, patches_fit, tap_window
+from ._subpixel import _phases
 from ._xla import _conv_general, _data_spec, _dnums
 
 
