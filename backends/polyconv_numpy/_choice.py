@@ -157,6 +157,12 @@ def _gemm(m: float, k: float, n: float) -> float:
     return 2 * m * k * n / _rate(k, n)
 
 
+def _gemm_long(m: float, k: float, n: float) -> float:
+    """A product with a long contraction (backward_weights sums over every row): its rate
+    is that of the narrower output side."""
+    return _gemm(max(m, n), k, min(m, n))
+
+
 def _copy(elements: float, run: float) -> float:
     """A copy moving contiguous runs of ``run`` elements (1: a strided innermost axis)."""
     return elements * (COPY_STRIDED_S if run <= 1 else COPY_S + COPY_RUN_S / run)
@@ -183,9 +189,12 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     layout = 0.0 if plan.channels_last else TRANSPOSE_S    # per element moved across layouts
     blocks = max(1, rows * t * max(ca, cb) * 4 // (1 << 20))
     calls = blocks * (t + nph) * CALL_S
+    # phase split / put: copies between the user's tensor and the grid, runs of the channels
+    # (of a whole row where the last axis has stride 1)
+    run_a = ca * (plan.a_spatial[-1] if plan.strides[-1] == 1 else 1)
+    split = nph * rows * ca * FILL_S + _copy(ma * ca, run_a) + ma * ca * layout
     if primitive == "forward":
-        gather = (item * (nph * rows * ca * FILL_S + ma * ca * layout
-                          + _copy(rows * t * ca, cg) + mb * cb * (FILL_S + layout))
+        gather = (item * (split + _copy(rows * t * ca, cg) + mb * cb * (2 * FILL_S + layout))
                   + g * _gemm(rows, t * cg, og) + calls)
         overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og)
                            + mb * cb * (FILL_S + layout))
@@ -193,24 +202,24 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
         return {"gather": gather, "overlap": overlap}
     if primitive == "backward_data":
         gather = (item * (rows * cb * FILL_S + mb * cb * layout
-                          + _copy(rows * t * cb, og) + ma * ca * (FILL_S + layout))
+                          + _copy(rows * t * cb, og) + _copy(ma * ca, run_a) + ma * ca * layout)
                   + sum(g * _gemm(rows, len(ts) * og, cg) for _, ts in ph.by_phase) + calls)
         if not plan.channels_last or cg < 32:      # channels-first accumulators
-            moves = (_add(mb * t * ca, last_b) + sp * rows * ca * FILL_S
+            read = mb * cb * TRANSPOSE_S if plan.channels_last and g > 1 else 0.0
+            moves = (read + _add(mb * t * ca, last_b) + sp * rows * ca * FILL_S
                      + _copy(ma * ca, 1 if plan.strides[-1] > 1 else last_b)
                      + (ma * ca * TRANSPOSE_S if plan.channels_last else 0))
         else:
-            moves = _add(mb * t * ca, ca) + 2 * ma * ca * FILL_S
-        overlap = (item * (mb * cb * FILL_S + moves) + g * _gemm(mb, og, t * cg)
-                   + t * CALL_S)
+            moves = mb * cb * FILL_S + _add(mb * t * ca, ca) + 2 * ma * ca * FILL_S
+        overlap = item * moves + g * _gemm(mb, og, t * cg) + t * CALL_S
         return {"gather": gather, "overlap": overlap}
     # backward_weights: gather a's taps (T*Ca per row) or b's (T*Cb per row, per phase)
-    common = item * (nph * rows * ca * FILL_S + ma * ca * layout + rows * cb * FILL_S
-                     + mb * cb * layout)
-    gather = (common + item * _copy(rows * t * ca, cg) + g * _gemm(og, rows, t * cg)
+    common = item * (split + rows * cb * FILL_S + mb * cb * layout)
+    gather = (common + item * _copy(rows * t * ca, cg) + g * _gemm_long(og, rows, t * cg)
               + calls)
     gather_b = (common + item * _copy(rows * t * cb, og)
-                + sum(g * _gemm(len(ts) * og, rows, cg) for _, ts in ph.by_phase) + calls)
+                + sum(g * _gemm_long(len(ts) * og, rows, cg) for _, ts in ph.by_phase)
+                + calls)
     return {"gather": gather, "gather_b": gather_b}
 
 

@@ -66,6 +66,16 @@ class _Scratch:
         return buf[:size].reshape(shape)
 
 
+def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``x`` reshaped without a copy, or ``None`` where that needs one."""
+    try:
+        v = x.view()
+        v.shape = shape
+    except AttributeError:
+        return None
+    return v
+
+
 def _blocks(batch: int, rows0: int, row_bytes: int):
     """``(n0, n1, y0, y1)``: batch elements ``n0:n1`` and rows ``y0:y1`` of the first spatial
     axis of the read side, about :data:`BLOCK_BYTES` of product each (``row_bytes`` per row of
@@ -206,9 +216,10 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
             buf[...] = 0
             prev = (n0, n1)
         src = bv[n0:n1, :, :, y0:y1]
-        if src.dtype == acc and not plan.channels_last:
-            x = src.reshape(nb, g, og, -1)          # a view
-        else:
+        x = _view(src, (nb, g, og, -1)) if src.dtype == acc else None
+        if x is None or (g > 1 and plan.channels_last):
+            # the product reads a transposed view in place for one group (BLAS transposes
+            # an operand for free); a grouped channels-last or 16-bit b is copied per block
             x = scratch.get("x", src.shape)
             x[...] = src
             x = x.reshape(nb, g, og, -1)
