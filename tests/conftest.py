@@ -39,6 +39,25 @@ class Target:
     library: str                # module that must be importable for the arrays
     dtypes: tuple[str, ...] = ALL_DTYPES
     _setup: Callable[[], None] | None = field(default=None, compare=False)
+    # the devices a test may put this library's arrays on (None: the default)
+    devices: Callable[[Any], list] = field(default=lambda xp: [None], compare=False)
+    # eager JAX compiles every call once per shape: smoke tests run fewer dtypes there
+    expensive: bool = False
+
+    @property
+    def array_library(self) -> str:
+        """Top-level module of the arrays: ``numpy``, ``jax``, ``torch``, ``array_api_strict``."""
+        return self.library.split(".", 1)[0]
+
+    @property
+    def dedicated(self) -> bool:
+        """Whether the arrays' library has a backend of its own (calls without ``backend=``
+        go there, not to the generic array-API backend)."""
+        return self.array_library in ("numpy", "jax", "torch")
+
+    @property
+    def smoke_dtypes(self) -> tuple[str, ...]:
+        return ("float64", "bfloat16") if self.expensive else self.dtypes
 
     def available(self) -> str | None:
         """``None`` when the target can run, else the reason it cannot."""
@@ -52,8 +71,9 @@ class Target:
     def xp(self):
         return importlib.import_module(self.library)
 
-    def asarray(self, x: np.ndarray) -> Any:
-        """A numpy array as an array of this target's library (same dtype)."""
+    def asarray(self, x: np.ndarray, device: Any = None) -> Any:
+        """A numpy array as an array of this target's library (same dtype), on ``device``
+        (the library's default when ``None``)."""
         if self.library == "numpy":
             return np.array(x, copy=True)
         if self.library == "jax.numpy":
@@ -64,9 +84,11 @@ class Target:
             import torch
 
             if x.dtype == numpy_dtype("bfloat16"):
-                return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
-            return torch.from_numpy(np.array(x, copy=True))
-        return self.xp.asarray(x)
+                t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+            else:
+                t = torch.from_numpy(np.array(x, copy=True))
+            return t if device is None else t.to(device)
+        return self.xp.asarray(x, device=device)
 
     def to_numpy(self, y: Any) -> np.ndarray:
         """A result of this target as a float64 numpy array."""
@@ -85,14 +107,20 @@ class Target:
         return fn(*converted, backend=self.backend, **attrs)
 
 
+def _strict_devices(xp):
+    """Every array-api-strict device but ``no_x64`` (no 64-bit dtypes at all); its
+    ``no_float64`` device checks that float32 inputs never touch float64."""
+    return [d for d in xp.__array_namespace_info__().devices() if "x64" not in str(d)]
+
+
 TARGETS: tuple[Target, ...] = (
     Target("numpy", "numpy", "numpy"),
     Target("jax", "jax", "jax.numpy"),
-    Target("array_api-strict", "array_api", "array_api_strict", ("float32", "float64")),
+    Target("array_api-strict", "array_api", "array_api_strict", ("float32", "float64"),
+           devices=_strict_devices),
     Target("array_api-numpy", "array_api", "numpy"),
-    Target("array_api-jax", "array_api", "jax.numpy"),
-    Target("array_api-torch", "array_api", "torch", ("float32", "float16", "bfloat16",
-                                                      "float64")),
+    Target("array_api-jax", "array_api", "jax.numpy", expensive=True),
+    Target("array_api-torch", "array_api", "torch", devices=lambda xp: ["cpu", "meta"]),
     Target("torch", "torch", "torch"),
 )
 
@@ -171,10 +199,22 @@ def _selected() -> list[Target]:
     return [t for t in TARGETS if t.name in requested]
 
 
-@pytest.fixture(params=_selected(), ids=lambda t: t.name)
-def target(request) -> Target:
-    """Every selected backend/array-library pair; missing ones skip visibly."""
-    t: Target = request.param
+def backend_targets(backend: str) -> list:
+    """The selected targets of one backend, for a module of that backend's own tests; where
+    the run selects none, one skipped parameter says which sessions run them (rather than
+    pytest's "empty parameter set")."""
+    chosen = [t for t in _selected() if t.backend == backend]
+    if chosen:
+        return chosen
+    names = ", ".join(t.name for t in TARGETS if t.backend == backend)
+    raw = os.environ.get("POLYCONV_TEST_BACKENDS", "")
+    reason = (f"POLYCONV_TEST_BACKENDS={raw!r} names no target of the {backend} backend "
+              f"({names}); the sessions that select them run these tests")
+    return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id=f"no-{backend}")]
+
+
+def use_target(t: Target) -> Target:
+    """``t``, ready to use: a missing one skips visibly; JAX runs in 64-bit mode."""
     why = t.available()
     if why is not None:
         pytest.skip(f"target {t.name}: {why}")
@@ -183,6 +223,12 @@ def target(request) -> Target:
 
         jax.config.update("jax_enable_x64", True)
     return t
+
+
+@pytest.fixture(params=_selected(), ids=lambda t: t.name)
+def target(request) -> Target:
+    """Every selected backend/array-library pair; missing ones skip visibly."""
+    return use_target(request.param)
 
 
 def require_dtype(target: Target, dtype: str) -> None:

@@ -16,12 +16,10 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pytest
+from conftest import TARGETS, Target, backend_targets, use_target
 from oracle import numpy_dtype
 
 import polyconv
@@ -29,112 +27,23 @@ from polyconv._backends import infer_backend
 
 array_api_compat = pytest.importorskip("array_api_compat")
 
-DTYPES = ("float32", "float16", "bfloat16", "float64")
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
 
 
 # --------------------------------------------------------------------------------------------
-# array libraries
+# array libraries: the shared matrix's array_api-* targets (tests/conftest.py)
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Lib:
-    """An array library fed to the generic backend."""
-
-    name: str
-    module: str
-    dtypes: tuple[str, ...]
-    dedicated: bool  # has its own backend, so the generic one must be forced
-    devices: Callable[[Any], list] = field(default=lambda xp: [None], compare=False)
-    # Eager JAX compiles every op once per shape (about a second per call on a loaded CPU):
-    # run fewer dtypes there; the shared matrix's array_api-jax target covers the rest.
-    expensive: bool = False
-
-    @property
-    def target(self) -> str:
-        """Suffix of the shared matrix's target name (``array_api-<target>``)."""
-        return "strict" if self.name == "array_api_strict" else self.name
-
-    @property
-    def smoke_dtypes(self) -> tuple[str, ...]:
-        return ("float64", "bfloat16") if self.expensive else self.dtypes
-
-    @property
-    def xp(self):
-        return importlib.import_module(self.module)
-
-    def asarray(self, x: np.ndarray, device=None):
-        if self.module == "torch":
-            import torch
-
-            if x.dtype == numpy_dtype("bfloat16"):
-                t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
-            else:
-                t = torch.from_numpy(np.array(x, copy=True))
-            return t if device is None else t.to(device)
-        if self.module == "jax.numpy":
-            import jax.numpy as jnp
-
-            return jnp.asarray(x)
-        if self.module == "numpy":
-            return np.array(x, copy=True)
-        return self.xp.asarray(x, device=device)
-
-    def to_numpy(self, y) -> np.ndarray:
-        if self.module == "torch":
-            import torch
-
-            return y.detach().to(torch.float64).cpu().numpy()
-        if self.module == "array_api_strict":
-            return np.from_dlpack(y).astype(np.float64)  # no __array__ by design
-        return np.asarray(y).astype(np.float64)
+@pytest.fixture(params=backend_targets("array_api"), ids=lambda t: getattr(t, "name", None))
+def lib(request) -> Target:
+    """The generic backend's targets selected in this run: array-api-strict, numpy,
+    jax.numpy and torch arrays."""
+    return use_target(request.param)
 
 
-def _strict_devices(xp):
-    """Every array-api-strict device but ``no_x64`` (no 64-bit dtypes at all); its
-    ``no_float64`` device checks that float32 inputs never touch float64."""
-    return [d for d in xp.__array_namespace_info__().devices() if "x64" not in str(d)]
-
-
-LIBS = (
-    Lib("array_api_strict", "array_api_strict", ("float32", "float64"), False,
-        _strict_devices),
-    Lib("numpy", "numpy", DTYPES, True),
-    Lib("jax", "jax.numpy", DTYPES, True, expensive=True),
-    Lib("torch", "torch", DTYPES, True, lambda xp: ["cpu", "meta"]),
-)
-
-
-def _selected_libs() -> list:
-    """The libraries whose ``array_api-*`` target is in ``POLYCONV_TEST_BACKENDS`` (all when it
-    is unset), so that each nox session runs the array libraries it installed. Where it names
-    none, one skipped parameter says so (rather than pytest's "empty parameter set")."""
-    raw = os.environ.get("POLYCONV_TEST_BACKENDS", "")
-    requested = {t.strip() for t in raw.split(",") if t.strip()}
-    if not requested:
-        return list(LIBS)
-    chosen = [lib for lib in LIBS if f"array_api-{lib.target}" in requested]
-    if chosen:
-        return chosen
-    targets = ", ".join(f"array_api-{lib.target}" for lib in LIBS)
-    reason = (f"POLYCONV_TEST_BACKENDS={raw!r} names no target of the generic array-API "
-              f"backend's own tests ({targets}); the array_api and torch test sessions "
-              f"run them")
-    return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-array-library")]
-
-
-@pytest.fixture(params=_selected_libs(), ids=lambda lib: getattr(lib, "name", None))
-def lib(request) -> Lib:
-    lib: Lib = request.param
-    top = lib.module.split(".", 1)[0]
-    if importlib.util.find_spec(top) is None:
-        pytest.skip(f"{lib.name} is not installed")
-    if top == "jax":
-        import jax
-
-        jax.config.update("jax_enable_x64", True)
-    return lib
+def _target(name: str) -> Target:
+    return next(t for t in TARGETS if t.name == name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -409,7 +318,7 @@ def test_dispatch_by_library(lib):
     """numpy, JAX and torch arrays go to their own backends, every other array-API library
     to array_api, also with no ``backend=`` given."""
     x = lib.asarray(np.zeros((1, 4, 2), np.float32))
-    expected = {"numpy": "numpy", "jax": "jax", "torch": "torch"}.get(lib.name, "array_api")
+    expected = lib.array_library if lib.dedicated else "array_api"
     assert infer_backend("convolution", {"src": x}) == expected
     if lib.dedicated:
         return
@@ -445,12 +354,12 @@ def test_unknown_array_type_is_a_type_error():
 
 @pytest.mark.parametrize("forced", [None, "array_api"])
 def test_mixed_libraries_are_a_type_error(lib, forced):
-    if lib.name == "numpy":
-        other = Lib("array_api_strict", "array_api_strict", ("float32",), False)
+    if lib.array_library == "numpy":
+        other = _target("array_api-strict")
         if importlib.util.find_spec("array_api_strict") is None:
             pytest.skip("array_api_strict is not installed")
     else:
-        other = LIBS[1]  # numpy
+        other = _target("numpy")
     src = lib.asarray(np.ones((1, 5, 2), np.float32))
     w = other.asarray(np.ones((3, 2, 4), np.float32))
     names = [type(src).__qualname__, type(w).__qualname__]
@@ -485,5 +394,5 @@ def test_a_session_without_array_api_targets_says_why():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "empty parameter set" not in out, out
-    assert "POLYCONV_TEST_BACKENDS='numpy' names no target" in out, out
-    assert "array_api-strict" in out and "array_api and torch test sessions" in out
+    assert "POLYCONV_TEST_BACKENDS='numpy' names no target of the array_api backend" in out, out
+    assert "array_api-strict" in out and "the sessions that select them" in out
