@@ -101,7 +101,10 @@ def engine(device: str) -> str:
     """The convolution engine torch uses on ``device``: oneDNN on CPU, cuDNN on CUDA."""
     if device == "cuda":
         v = torch.backends.cudnn.version()
-        return f"cuDNN {v // 10000}.{v // 100 % 100}.{v % 100}" if v else "CUDA, no cuDNN"
+        if not v:
+            return "CUDA, no cuDNN"
+        major, rest = divmod(v, 10000 if v >= 10000 else 1000)  # 90100 is 9.1.0, 8902 8.9.2
+        return f"cuDNN {major}.{rest // 100}.{rest % 100}"
     if torch.backends.mkldnn.is_available():
         return _onednn()
     return "native, no oneDNN"
