@@ -171,6 +171,7 @@ class _Channels:
         self.cg = plan.a_channels // self.g
         self.og = plan.b_channels // self.g
         self.depthwise = self.cg == 1 and self.g > 1
+        self._buf: np.ndarray | None = None
 
     def weights4(self, w: np.ndarray) -> np.ndarray:
         """Canonical ``[Cb, Cg, K..]`` -> ``[G, Og, Cg, T]`` (taps in row-major order)."""
@@ -185,7 +186,11 @@ class _Channels:
         """
         n = j1 - j0
         c = sources[0][0].shape[-1] // self.g
-        buf = np.empty((n, self.g, len(sources), c), dtype=dtype)
+        size = n * self.g * len(sources) * c
+        # one buffer for every block of a call: a fresh one would pay its page faults again
+        if self._buf is None or self._buf.size < size or self._buf.dtype != dtype:
+            self._buf = np.empty(size, dtype=dtype)
+        buf = self._buf[:size].reshape(n, self.g, len(sources), c)
         for i, (src, off) in enumerate(sources):
             buf[:, :, i, :] = src[j0 + off: j1 + off].reshape(n, self.g, c)
         return buf.reshape(n, self.g, -1).transpose(1, 0, 2)
