@@ -132,7 +132,7 @@ COPY_S = 0.07e-9          # per element of a copy, plus COPY_RUN_S per contiguou
 COPY_RUN_S = 2.9e-9
 COPY_STRIDED_S = 0.4e-9   # per element of a copy whose innermost axis is strided
 ADD_S = 0.5e-9            # per element of an in-place add, plus ADD_RUN_S per run
-ADD_RUN_S = 9e-9
+ADD_RUN_S = 9e-9          # (half that where the destination's positions are contiguous)
 ADD_STRIDED_S = 1.4e-9    # per element of an add whose innermost axis is strided
 FILL_S = 0.13e-9          # per element of a contiguous fill or copy
 TRANSPOSE_S = 1.5e-9      # per element of a layout change (channels-first <-> last)
@@ -168,8 +168,10 @@ def _copy(elements: float, run: float) -> float:
     return elements * (COPY_STRIDED_S if run <= 1 else COPY_S + COPY_RUN_S / run)
 
 
-def _add(elements: float, run: float) -> float:
-    return elements * (ADD_STRIDED_S if run <= 1 else ADD_S + ADD_RUN_S / run)
+def _add(elements: float, run: float, contiguous: bool = False) -> float:
+    if run <= 1:
+        return elements * ADD_STRIDED_S
+    return elements * (ADD_S + ADD_RUN_S / run / (2 if contiguous else 1))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -196,7 +198,7 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     if primitive == "forward":
         gather = (item * (split + _copy(rows * t * ca, cg) + mb * cb * (2 * FILL_S + layout))
                   + g * _gemm(rows, t * cg, og) + calls)
-        overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og)
+        overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og, True)
                            + mb * cb * (FILL_S + layout))
                    + g * _gemm(ma, cg, t * og) + t * CALL_S)
         return {"gather": gather, "overlap": overlap}
