@@ -211,9 +211,12 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
             moves = (read + _add(mb * t * ca, last_b) + sp * rows * ca * FILL_S
                      + _copy(ma * ca, 1 if plan.strides[-1] > 1 else last_b)
                      + (ma * ca * TRANSPOSE_S if plan.channels_last else 0))
+            # one [T*Cg, Og] x [Og, B..] product per batch element and group
+            product = plan.batch * g * _gemm(t * cg, og, mb // plan.batch)
         else:
             moves = mb * cb * FILL_S + _add(mb * t * ca, ca) + 2 * ma * ca * FILL_S
-        overlap = item * moves + g * _gemm(mb, og, t * cg) + t * CALL_S
+            product = g * _gemm(mb, og, t * cg)
+        overlap = item * moves + product + t * CALL_S
         return {"gather": gather, "overlap": overlap}
     # backward_weights: gather a's taps (T*Ca per row) or b's (T*Cb per row, per phase)
     common = item * (split + rows * cb * FILL_S + mb * cb * layout)

@@ -225,7 +225,10 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     else:
         t = len(sources)
         # [G, T*Cg, Og]: taps stacked along the contraction, matching gather()
-        wcat = np.ascontiguousarray(w4.transpose(0, 3, 2, 1)).reshape(ch.g, t * ch.cg, ch.og)
+        # (a transposed view of [G, Og, T*Cg]: a copy putting Og innermost would read the
+        # weights at a stride of Cg*T, milliseconds on large layers)
+        wcat = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(
+            ch.g, ch.og, t * ch.cg).transpose(0, 2, 1)
         for j0, j1 in _blocks(grid.rows, t * plan.a_channels * acc.itemsize):
             np.matmul(ch.gather(sources, j0, j1, acc), wcat, out=ch.grouped(b[j0:j1]))
     b = grid.crop(b)

@@ -128,12 +128,15 @@ class _Weights:
         self.g, self.t = g, math.prod(plan.kernel)
         self.cg, self.og = plan.a_channels // g, plan.b_channels // g
         w4 = canonical_weights(w, plan, acc).reshape(g, self.og, self.cg, self.t)
-        if transposed:      # backward_data: read b (Og), write a (Cg): [G, Og, T, Cg]
+        # copies that keep each input row's runs short-strided (a transposition that puts Og
+        # innermost reads the weights at a stride of Cg*T and costs ms on large layers)
+        if transposed:      # backward_data: read b (Og), write a (Cg): [G, Og, T*Cg]
             self.read, self.written = self.og, self.cg
-            self.w = np.ascontiguousarray(w4.transpose(0, 1, 3, 2))
-        else:               # forward: read a (Cg), write b (Og): [G, Cg, T, Og]
+            self.w = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(g, self.og, -1)
+        else:               # forward: read a (Cg), write b (Og): a [G, Cg, T*Og] view
             self.read, self.written = self.cg, self.og
-            self.w = np.ascontiguousarray(w4.transpose(0, 2, 3, 1))
+            self.w = np.ascontiguousarray(w4.transpose(0, 3, 1, 2)).reshape(
+                g, -1, self.cg).transpose(0, 2, 1)
 
     def product(self, x: np.ndarray, scratch: _Scratch) -> np.ndarray:
         """``[M, G*read]`` -> ``[M, G, T, written]``, in a reused buffer."""
@@ -142,7 +145,8 @@ class _Weights:
         if g == 1:
             np.matmul(x, self.w.reshape(self.read, -1), out=y.reshape(m, -1))
         elif self.read == 1:        # one channel read per group: a broadcast multiply
-            np.multiply(x[:, :, None, None], self.w[:, 0], out=y)
+            np.multiply(x[:, :, None, None], self.w[:, 0].reshape(g, self.t, self.written),
+                        out=y)
         else:
             np.matmul(x.reshape(m, g, self.read).transpose(1, 0, 2),
                       self.w.reshape(g, self.read, -1),
@@ -178,7 +182,8 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     g, t_n = plan.groups, len(ph.taps)
     cg, og = plan.a_channels // g, plan.b_channels // g
     w4 = canonical_weights(w, plan, acc).reshape(g, og, cg, t_n)
-    wcf = np.ascontiguousarray(w4.transpose(0, 3, 2, 1)).reshape(g, t_n * cg, og)
+    # [G, T*Cg, Og], a transposed view of a cheap copy (BLAS reads it as it is)
+    wcf = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(g, og, -1).transpose(0, 2, 1)
     bsp, rest = plan.b_spatial, math.prod(plan.b_spatial[1:])
     b_arr = np.asarray(b)
     n = plan.batch
