@@ -144,6 +144,28 @@ def test_autograd_over_the_shared_grid(case):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+def test_torch_func_grad_and_vmap():
+    """``torch.func.grad`` equals ``torch.autograd.grad``; ``torch.func.vmap`` over a batch of
+    weights equals a loop, also through a gradient."""
+    rng = np.random.default_rng(10)
+    x, w = _tensor(rng, (2, 9, 9, 4)), _tensor(rng, (3, 3, 4, 6))
+    attrs = dict(strides=2, pads_begin=(1, 0), pads_end=(2, 1))
+
+    def loss(x, w):
+        return polyconv.convolution(x, w, **attrs).square().sum()
+
+    got = torch.func.grad(loss, argnums=(0, 1))(x, w)
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    torch.testing.assert_close(got, torch.autograd.grad(loss(xr, wr), (xr, wr)))
+    ws = _tensor(rng, (3, 3, 3, 4, 6))
+    ys = torch.func.vmap(lambda w: polyconv.convolution(x, w, **attrs))(ws)
+    torch.testing.assert_close(ys, torch.stack([polyconv.convolution(x, w, **attrs)
+                                                for w in ws]))
+    gs = torch.func.vmap(torch.func.grad(loss, argnums=1), in_dims=(None, 0))(x, ws)
+    torch.testing.assert_close(gs, torch.stack([torch.func.grad(loss, argnums=1)(x, w)
+                                                for w in ws]))
+
+
 def test_grad_of_16bit_inputs_keeps_their_dtype():
     rng = np.random.default_rng(2)
     x = _tensor(rng, (2, 6, 6, 4), torch.bfloat16, True)

@@ -18,8 +18,8 @@ CUDA cuDNN; results are torch tensors on the input's device. Picked automaticall
   that, else computed in float32 and rounded once).
 * Autograd: each primitive is a :class:`torch.autograd.Function` whose gradients are
   polyconv's own primitives (the adjoint identities), so ``torch.autograd.grad`` of a
-  polyconv op equals polyconv's backward ops, double backward included; ``torch.compile``
-  traces it.
+  polyconv op equals polyconv's backward ops, double backward included; ``torch.func``
+  transforms it and ``torch.compile`` traces it.
 
 See :mod:`polyconv_torch._lowering` for the lowering and :mod:`polyconv_torch._autograd` for
 the gradients.

@@ -56,15 +56,23 @@ def apply(primitive: str, plan: ConvPlan, x: torch.Tensor, y: torch.Tensor,
 
 
 class Primitive(torch.autograd.Function):
-    """One primitive, its gradients by :data:`_ADJOINTS`."""
+    """One primitive, its gradients by :data:`_ADJOINTS`. Written in the ``setup_context``
+    form, with a generated vmap rule, so that ``torch.func`` (``grad``, ``vjp``, ``vmap``)
+    transforms it too."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, primitive: str, plan: ConvPlan, x, y, bias):
-        ctx.primitive, ctx.plan = primitive, plan
-        ctx.save_for_backward(x, y)
+    def forward(primitive: str, plan: ConvPlan, x, y, bias):
         if primitive == "backward_weights":
             return RAW[primitive](plan, x, y)
         return RAW[primitive](plan, x, y, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        primitive, plan, x, y, _ = inputs
+        ctx.primitive, ctx.plan = primitive, plan
+        ctx.save_for_backward(x, y)
 
     @staticmethod
     def backward(ctx, g):
