@@ -46,21 +46,26 @@ def _check_keywords(name: str, kwargs: dict[str, Any], known: frozenset[str]) ->
             raise TypeError(unexpected_keyword(name, key, value, known))
 
 
-@functools.cache
 def _keywords(fn: Callable[..., Any]) -> frozenset[str]:
     params = inspect.signature(fn).parameters
     return frozenset(k for k, p in params.items()
                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
+#: each op's keyword parameters, by function name (read once, when the op is defined: no
+#: cache lookup per call, which torch.compile would have to trace)
+_KNOWN: dict[str, frozenset[str]] = {}
+
+
 def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
     """One of the six ops: unknown keywords refused with a hint, the parameters shared by
     every op documented from the op table."""
     spec = op_spec(fn.__name__)
+    known = _KNOWN[spec.name] = _keywords(fn)
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        _check_keywords(spec.name, kwargs, _keywords(fn))
+        _check_keywords(spec.name, kwargs, known)
         return fn(*args, **kwargs)
 
     if checked.__doc__:  # None under python -OO
@@ -146,7 +151,7 @@ def _bound(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``args`` and ``kwargs`` bound to the parameters of the function ``spec`` computes,
     defaults applied (for the older-spec aliases and for :func:`infer_shape`)."""
     fn = globals()[spec.kind].__wrapped__
-    _check_keywords(spec.name, kwargs, _keywords(fn))
+    _check_keywords(spec.name, kwargs, _KNOWN[spec.kind])
     try:
         bound = inspect.signature(fn).bind_partial(*args, **kwargs)
     except TypeError as e:
