@@ -134,9 +134,12 @@ def _call(spec: OpSpec, arguments: dict[str, Any]) -> Array:
     inputs, attrs, dst_shape, weights_shape = _prepare(spec, arguments)
     present = {name: x for name, x in inputs.items() if x is not None}
     dtype = check_arrays(op, present)
-    check_one_library(op, present)
     backend = arguments["backend"]
-    impl = get_backend(backend if backend is not None else infer_backend(op, present), op)
+    if backend is None:
+        backend = infer_backend(op, present)     # one array library, and its backend
+    else:
+        check_one_library(op, present)
+    impl = get_backend(backend, op)
     shapes = tuple((name, tuple(x.shape)) for name, x in present.items())
     precision = arguments["precision"]
     plan = _plan(spec, shapes, attrs, dst_shape, weights_shape, dtype)

@@ -31,6 +31,7 @@ import numpy as np
 
 import polyconv
 from polyconv._compare import numpy_dtype
+from polyconv._optable import spec
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,26 @@ def _polyconv_array_api_torch(case: Case, arrays):
     return lambda: fn(*xs, *case.extra, backend="array_api", **case.attrs)
 
 
+#: channels-last weights formats -> torch's own layout of the same weights
+_TORCH_WEIGHTS = {"XOI": "IOX", "XIO": "OIX"}
+
+
 def _polyconv_torch(case: Case, arrays):
-    """polyconv's PyTorch backend on PyTorch tensors (the user's NXC layout, contiguous)."""
+    """polyconv's PyTorch backend on PyTorch tensors: NXC data (torch's channels-last memory
+    format, as the torch peer has it) and the weights in torch's own layout, as a PyTorch user
+    passes them (``weights_format="IOX"`` for ConvTranspose, ``"OIX"`` for Convolution)."""
     import torch
 
     tdt = _torch_dtype(case)
     fn = getattr(polyconv, case.op)
+    attrs = dict(case.attrs)
+    arrays = list(arrays)
+    wfmt = attrs.get("weights_format") or spec(case.op).weights_format
+    if "weights" in spec(case.op).positional and wfmt in _TORCH_WEIGHTS:
+        arrays[1] = _torch_weights_iox(arrays[1])
+        attrs["weights_format"] = _TORCH_WEIGHTS[wfmt]
     xs = [torch.from_numpy(a.astype(np.float32)).to(tdt) for a in arrays]
-    return lambda: fn(*xs, *case.extra, **case.attrs)
+    return lambda: fn(*xs, *case.extra, **attrs)
 
 
 def _torch_weights_iox(w: np.ndarray):
