@@ -165,6 +165,56 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
     return backward_data_channels_last(plan, b, w, bias)
 
 
+class _PhaseSums:
+    """Per-phase accumulators ``[S, nb, G, Cg, P..]`` of one block of batch elements.
+
+    Tap ``t`` (phase ``r``, shift ``q``) adds its ``[nb, G, Cg, rows..]`` product into cells
+    ``y + q`` of phase ``r``; :meth:`flush` writes each phase's in-range cells to the output.
+    """
+
+    def __init__(self, plan: ConvPlan, acc: np.dtype):
+        self.plan, self.acc, self.ph = plan, acc, phases(plan)
+        self.cells = tuple(max(ax.cells, ax.small + ax.max_shift) for ax in self.ph.axes)
+        self.index = {r: i for i, r in
+                      enumerate(itertools.product(*(range(s) for s in plan.strides)))}
+        self.buf: np.ndarray | None = None
+        self.block: tuple[int, int] | None = None
+
+    def start(self, n0: int, n1: int) -> None:
+        g = self.plan.groups
+        shape = (len(self.index), n1 - n0, g, self.plan.a_channels // g, *self.cells)
+        if self.buf is None or self.buf.shape != shape:
+            self.buf = np.empty(shape, dtype=self.acc)
+        self.buf[...] = 0
+        self.block = (n0, n1)
+
+    def add(self, y: np.ndarray, y0: int, y1: int) -> None:
+        """``y`` ``[nb, G, T, Cg, y1 - y0, B..]``: the product for rows ``y0:y1`` of ``b``."""
+        full, rest = slice(None), self.plan.b_spatial[1:]
+        for t, tap in enumerate(self.ph.taps):
+            dst = (self.index[tap.phase], full, full, full,
+                   slice(y0 + tap.shift[0], y1 + tap.shift[0]),
+                   *(slice(q, q + sz) for q, sz in zip(tap.shift[1:], rest)))
+            view = self.buf[dst]
+            view += y[:, :, t]
+
+    def flush(self, out_cf: np.ndarray, bias: Any) -> None:
+        """Bias, then each phase's in-range cells into ``out_cf`` ``[N, G, Cg, A..]`` (the
+        rounding)."""
+        if self.block is None:
+            return
+        n0, n1 = self.block
+        full, plan = slice(None), self.plan
+        add_bias(np.moveaxis(self.buf.reshape(len(self.index), n1 - n0, plan.a_channels,
+                                              *self.cells), 2, -1), bias)
+        for r, i in self.index.items():
+            win = self.ph.phase_window(r, self.cells)
+            if win is not None:
+                out_cf[(slice(n0, n1), full, full, *win[1])] = self.buf[(i, full, full, full,
+                                                                         *win[0])]
+        self.block = None
+
+
 def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
                                  bias: Any = None) -> np.ndarray:
     """col2im into per-phase accumulators, channels-first.
@@ -178,48 +228,25 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     whose position lies outside ``a``: they are dropped, so NaN and Inf propagate exactly.
     """
     out_dtype, acc = dtypes(b, plan)
-    ph = phases(plan)
-    g, t_n = plan.groups, len(ph.taps)
+    g, t_n, n = plan.groups, math.prod(plan.kernel), plan.batch
     cg, og = plan.a_channels // g, plan.b_channels // g
     w4 = canonical_weights(w, plan, acc).reshape(g, og, cg, t_n)
     # [G, T*Cg, Og], a transposed view of a cheap copy (BLAS reads it as it is)
     wcf = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(g, og, -1).transpose(0, 2, 1)
     bsp, rest = plan.b_spatial, math.prod(plan.b_spatial[1:])
     b_arr = np.asarray(b)
-    n = plan.batch
     if plan.channels_last:          # [N, G, Og, B0, rest] views
         bv = b_arr.reshape(n, bsp[0], rest, g, og).transpose(0, 3, 4, 1, 2)
     else:
         bv = b_arr.reshape(n, g, og, bsp[0], rest)
     out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
     out_cf = np.moveaxis(out_cl, -1, 1).reshape(n, g, cg, *plan.a_spatial)
-    cells = tuple(max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes)
-    strides = plan.strides
-    nph = math.prod(strides)
-    phase_index = {r: i for i, r in enumerate(itertools.product(*(range(s) for s in strides)))}
-    row_bytes = rest * t_n * plan.a_channels * acc.itemsize
-    buf = None
-    prev = None
-    full = slice(None)
-    scratch = _Scratch(acc)
-
-    def flush(n0: int, n1: int) -> None:
-        add_bias(np.moveaxis(buf.reshape(nph, n1 - n0, plan.a_channels, *cells), 2, -1), bias)
-        for r, i in phase_index.items():
-            win = ph.phase_window(r, cells)
-            if win is not None:
-                out_cf[(slice(n0, n1), full, full, *win[1])] = buf[(i, full, full, full,
-                                                                    *win[0])]
-
-    for n0, n1, y0, y1 in _blocks(n, bsp[0], row_bytes):
+    sums, scratch = _PhaseSums(plan, acc), _Scratch(acc)
+    for n0, n1, y0, y1 in _blocks(n, bsp[0], rest * t_n * plan.a_channels * acc.itemsize):
         nb = n1 - n0
-        if (n0, n1) != prev:
-            if prev is not None:
-                flush(*prev)
-            if buf is None or buf.shape[1] != nb:
-                buf = np.empty((nph, nb, g, cg, *cells), dtype=acc)
-            buf[...] = 0
-            prev = (n0, n1)
+        if (n0, n1) != sums.block:
+            sums.flush(out_cf, bias)
+            sums.start(n0, n1)
         src = bv[n0:n1, :, :, y0:y1]
         x = _view(src, (nb, g, og, -1)) if src.dtype == acc else None
         if x is None or (g > 1 and plan.channels_last):
@@ -231,15 +258,8 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
         # [nb, G, T*Cg, rows]; one channel per group read: a broadcast multiply
         y = scratch.get("y", (nb, g, t_n * cg, x.shape[-1]))
         (np.multiply if og == 1 else np.matmul)(wcf[None], x, out=y)
-        y = y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:])
-        for t, tap in enumerate(ph.taps):
-            dst = (phase_index[tap.phase], full, full, full,
-                   slice(y0 + tap.shift[0], y1 + tap.shift[0]),
-                   *(slice(q, q + sz) for q, sz in zip(tap.shift[1:], bsp[1:])))
-            view = buf[dst]
-            view += y[:, :, t]
-    if prev is not None:
-        flush(*prev)
+        sums.add(y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:]), y0, y1)
+    sums.flush(out_cf, bias)
     return out
 
 
