@@ -417,7 +417,11 @@ def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels,
     phases = {phase: grid.phase_rows_channels_first(a, phase, acc) for phase in grid.phases}
     sources = [(phases[phase], off) for phase, off in grid.taps]
     t = len(sources)
-    b_cf = grid.embed_channels_first(b, 0, acc).reshape(ch.g, ch.og, grid.rows)
+    if plan.channels_last:      # b's rows as they are, read transposed: [G, Og, rows] views
+        b_rows = grid.embed(b, 0, acc)
+        b_cf = b_rows.reshape(grid.rows, ch.g, ch.og).transpose(1, 2, 0)
+    else:
+        b_cf = grid.embed_channels_first(b, 0, acc).reshape(ch.g, ch.og, grid.rows)
     dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
     blocks = list(_blocks(grid.rows, t * plan.a_channels * acc.itemsize, _GROUPED_BLOCK_BYTES))
     buf = np.empty(t * plan.a_channels * max(j1 - j0 for j0, j1 in blocks), dtype=acc)
