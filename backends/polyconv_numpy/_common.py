@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -41,3 +42,19 @@ def canonical_weights(w: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
 def dtypes(x: Any, plan: ConvPlan) -> tuple[np.dtype, np.dtype]:
     """(output dtype, accumulation dtype) of a call."""
     return np.asarray(x).dtype, np.dtype(plan.acc_dtype)
+
+
+def weights_matrix(w4: np.ndarray, rows: tuple[int, ...], cols: tuple[int, ...]) -> np.ndarray:
+    """``w4``'s axes ``rows`` and ``cols`` as one ``[G, rows, cols]`` matrix per group (axis 0),
+    in a form BLAS reads in place.
+
+    Copied in whichever order reads ``w4`` at the shorter innermost stride: rows then columns,
+    or columns then rows with a transposed view returned. The user's weights layout decides
+    (a copy whose innermost axis has a long stride costs milliseconds on large layers).
+    """
+    g = w4.shape[0]
+    n_rows = math.prod(w4.shape[i] for i in rows)
+    if abs(w4.strides[cols[-1]]) <= abs(w4.strides[rows[-1]]):
+        return np.ascontiguousarray(w4.transpose(0, *rows, *cols)).reshape(g, n_rows, -1)
+    m = np.ascontiguousarray(w4.transpose(0, *cols, *rows)).reshape(g, -1, n_rows)
+    return m.transpose(0, 2, 1)

@@ -37,6 +37,7 @@ from ._common import (
     channels_last_view,
     dtypes,
     to_user_layout,
+    weights_matrix,
 )
 
 _BLOCK_BYTES = 1 << 20   # target size of one gathered block of rows
@@ -225,10 +226,7 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     else:
         t = len(sources)
         # [G, T*Cg, Og]: taps stacked along the contraction, matching gather()
-        # (a transposed view of [G, Og, T*Cg]: a copy putting Og innermost would read the
-        # weights at a stride of Cg*T, milliseconds on large layers)
-        wcat = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(
-            ch.g, ch.og, t * ch.cg).transpose(0, 2, 1)
+        wcat = weights_matrix(w4, (3, 2), (1,))
         for j0, j1 in _blocks(grid.rows, t * plan.a_channels * acc.itemsize):
             np.matmul(ch.gather(sources, j0, j1, acc), wcat, out=ch.grouped(b[j0:j1]))
     b = grid.crop(b)
@@ -253,7 +251,7 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
     phases = {phase: grid.phase_rows_channels_first(a, phase, acc) for phase in grid.phases}
     sources = [(phases[phase], off) for phase, off in grid.taps]
     t = len(sources)
-    wcat = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(ch.g, ch.og, t * ch.cg)
+    wcat = weights_matrix(w4, (1,), (3, 2))                      # [G, Og, T*Cg]
     blocks = list(_blocks(grid.rows, t * plan.a_channels * acc.itemsize, _GROUPED_BLOCK_BYTES))
     buf = np.empty(t * plan.a_channels * max(j1 - j0 for j0, j1 in blocks), dtype=acc)
     if plan.channels_last:      # rows x channels, as the user's layout: b^T = gathered^T W^T

@@ -35,7 +35,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
-from ._common import add_bias, canonical_weights, channels_last_view, dtypes
+from ._common import add_bias, canonical_weights, channels_last_view, dtypes, weights_matrix
 
 #: target size of one block of the product (``rows x T*C``); one buffer of it is reused by
 #: every block (a fresh multi-megabyte array pays a page fault per 4 KiB on first touch)
@@ -128,15 +128,12 @@ class _Weights:
         self.g, self.t = g, math.prod(plan.kernel)
         self.cg, self.og = plan.a_channels // g, plan.b_channels // g
         w4 = canonical_weights(w, plan, acc).reshape(g, self.og, self.cg, self.t)
-        # copies that keep each input row's runs short-strided (a transposition that puts Og
-        # innermost reads the weights at a stride of Cg*T and costs ms on large layers)
         if transposed:      # backward_data: read b (Og), write a (Cg): [G, Og, T*Cg]
             self.read, self.written = self.og, self.cg
-            self.w = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(g, self.og, -1)
-        else:               # forward: read a (Cg), write b (Og): a [G, Cg, T*Og] view
+            self.w = weights_matrix(w4, (1,), (3, 2))
+        else:               # forward: read a (Cg), write b (Og): [G, Cg, T*Og]
             self.read, self.written = self.cg, self.og
-            self.w = np.ascontiguousarray(w4.transpose(0, 3, 1, 2)).reshape(
-                g, -1, self.cg).transpose(0, 2, 1)
+            self.w = weights_matrix(w4, (2,), (3, 1))
 
     def product(self, x: np.ndarray, scratch: _Scratch) -> np.ndarray:
         """``[M, G*read]`` -> ``[M, G, T, written]``, in a reused buffer."""
@@ -231,8 +228,7 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     g, t_n, n = plan.groups, math.prod(plan.kernel), plan.batch
     cg, og = plan.a_channels // g, plan.b_channels // g
     w4 = canonical_weights(w, plan, acc).reshape(g, og, cg, t_n)
-    # [G, T*Cg, Og], a transposed view of a cheap copy (BLAS reads it as it is)
-    wcf = np.ascontiguousarray(w4.transpose(0, 1, 3, 2)).reshape(g, og, -1).transpose(0, 2, 1)
+    wcf = weights_matrix(w4, (3, 2), (1,))                           # [G, T*Cg, Og]
     bsp, rest = plan.b_spatial, math.prod(plan.b_spatial[1:])
     b_arr = np.asarray(b)
     if plan.channels_last:          # [N, G, Og, B0, rest] views
