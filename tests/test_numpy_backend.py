@@ -112,6 +112,37 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
             assert len(costs) == 2 and all(c > 0 for c in costs.values())
 
 
+@pytest.mark.parametrize("layout", ["NXC", "NCX"])
+def test_depthwise_forward_reads_in_place_when_it_can(layout):
+    # one channel per group: no product left, and the exact path's per-tap windows skip the
+    # grid's phase split. It is chosen only where it reads the data in place (channels-last,
+    # the accumulation dtype), where its temporaries keep within the memory bound
+    import dataclasses
+
+    src = (8, 56, 56, 32) if layout == "NXC" else (8, 32, 56, 56)
+    plan = dataclasses.replace(
+        polyconv.infer_shape("convolution", src, (3, 3, 1, 32) if layout == "NXC" else
+                             (32, 1, 3, 3), groups=32, pads_begin=1, pads_end=1,
+                             data_format=layout, weights_format="XIO" if layout == "NXC"
+                             else "OIX"), dtype="float32")
+    want = "exact" if layout == "NXC" else "gather"
+    assert polyconv_numpy.choose("forward", plan) == want
+    assert polyconv_numpy.choose("backward_weights", plan) in (want, "gather_b")
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(plan.a_shape).astype(np.float32)
+    w = rng.standard_normal(plan.weights_shape).astype(np.float32)
+    tracemalloc.start()
+    try:
+        y = polyconv.convolution(x, w, groups=32, pads_begin=1, pads_end=1, data_format=layout,
+                                 weights_format="XIO" if layout == "NXC" else "OIX")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 2 * (x.nbytes + w.nbytes + y.nbytes)
+
+
 # --------------------------------------------------------------------------------------------
 # NaN and Inf
 # --------------------------------------------------------------------------------------------

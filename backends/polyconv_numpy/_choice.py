@@ -174,27 +174,45 @@ def _add(elements: float, run: float, contiguous: bool = False) -> float:
     return elements * (ADD_S + ADD_RUN_S / run / (2 if contiguous else 1))
 
 
+class _Sizes:
+    """The counts a plan's costs are made of."""
+
+    def __init__(self, plan: ConvPlan):
+        ph = phases(plan)
+        self.item = 2 if plan.acc_dtype == "float64" else 1   # float64 moves twice the bytes
+        self.t, self.g = len(ph.taps), plan.groups
+        self.ca, self.cb = plan.a_channels, plan.b_channels
+        self.cg, self.og = self.ca // self.g, self.cb // self.g
+        cells = [max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes]
+        self.rows = plan.batch * math.prod(cells)                  # phase-grid rows
+        self.ma = plan.batch * math.prod(plan.a_spatial)           # rows of a
+        self.mb = plan.batch * math.prod(plan.b_spatial)           # rows of b
+        self.phases = [len(ts) for _, ts in ph.by_phase]           # taps per phase reached
+        self.layout = 0.0 if plan.channels_last else TRANSPOSE_S   # per element across layouts
+        blocks = max(1, self.rows * self.t * max(self.ca, self.cb) * 4 // (1 << 20))
+        self.calls = blocks * (self.t + len(self.phases)) * CALL_S
+        # phase split / put: copies between the user's tensor and the grid, runs of the
+        # channels (of a whole row where the last axis has stride 1)
+        self.run_a = self.ca * (plan.a_spatial[-1] if plan.strides[-1] == 1 else 1)
+        self.split = (len(self.phases) * self.rows * self.ca * FILL_S
+                      + _copy(self.ma * self.ca, self.run_a) + self.ma * self.ca * self.layout)
+
+
 @functools.lru_cache(maxsize=1024)
 def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
-    ph = phases(plan)
-    item = 2 if plan.acc_dtype == "float64" else 1      # float64 moves twice the bytes
-    t = len(ph.taps)
-    g = plan.groups
-    ca, cb = plan.a_channels, plan.b_channels
-    cg, og = ca // g, cb // g
-    cells = [max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes]
-    rows = plan.batch * math.prod(cells)                   # phase-grid rows
-    ma = plan.batch * math.prod(plan.a_spatial)            # rows of a
-    mb = plan.batch * math.prod(plan.b_spatial)            # rows of b
-    nph, sp = len(ph.by_phase), math.prod(plan.strides)
-    last_b = plan.b_spatial[-1]
-    layout = 0.0 if plan.channels_last else TRANSPOSE_S    # per element moved across layouts
-    blocks = max(1, rows * t * max(ca, cb) * 4 // (1 << 20))
-    calls = blocks * (t + nph) * CALL_S
-    # phase split / put: copies between the user's tensor and the grid, runs of the channels
-    # (of a whole row where the last axis has stride 1)
-    run_a = ca * (plan.a_spatial[-1] if plan.strides[-1] == 1 else 1)
-    split = nph * rows * ca * FILL_S + _copy(ma * ca, run_a) + ma * ca * layout
+    z = _Sizes(plan)
+    out = _costs_dense(primitive, plan, z)
+    if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):
+        dw = _depthwise(z)
+        out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
+    return out
+
+
+def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
+    item, t, g, ca, cb, cg, og = z.item, z.t, z.g, z.ca, z.cb, z.cg, z.og
+    rows, ma, mb, layout, calls, split = z.rows, z.ma, z.mb, z.layout, z.calls, z.split
+    run_a, last_b, sp = z.run_a, plan.b_spatial[-1], math.prod(plan.strides)
+    per_phase = z.phases
     if primitive == "forward":
         gather = (item * (split + _copy(rows * t * ca, cg) + mb * cb * (2 * FILL_S + layout))
                   + g * _gemm(rows, t * cg, og) + calls)
@@ -205,7 +223,7 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     if primitive == "backward_data":
         gather = (item * (rows * cb * FILL_S + mb * cb * layout
                           + _copy(rows * t * cb, og) + _copy(ma * ca, run_a) + ma * ca * layout)
-                  + sum(g * _gemm(rows, len(ts) * og, cg) for _, ts in ph.by_phase) + calls)
+                  + sum(g * _gemm(rows, ts * og, cg) for ts in per_phase) + calls)
         if not plan.channels_last or cg < 32:      # channels-first accumulators
             read = mb * cb * TRANSPOSE_S if plan.channels_last and g > 1 else 0.0
             moves = (read + _add(mb * t * ca, last_b) + sp * rows * ca * FILL_S
@@ -223,9 +241,25 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     gather = (common + item * _copy(rows * t * ca, cg) + g * _gemm_long(og, rows, t * cg)
               + calls)
     gather_b = (common + item * _copy(rows * t * cb, og)
-                + sum(g * _gemm_long(len(ts) * og, rows, cg) for _, ts in ph.by_phase)
+                + sum(g * _gemm_long(ts * og, rows, cg) for ts in per_phase)
                 + calls)
     return {"gather": gather, "gather_b": gather_b}
+
+
+def _in_place(plan: ConvPlan) -> bool:
+    """Whether the exact path reads the data in place (channels-last, accumulation dtype):
+    then its temporaries stay within the memory bound."""
+    return plan.channels_last and plan.dtype in ("float32", "float64")
+
+
+def _depthwise(z: _Sizes) -> dict[str, float]:
+    """One channel per group, forward and backward_weights: no product left, a multiply and
+    an add per tap and value. The grid pays for laying ``a`` out in phases first; the exact
+    path reads each tap's window of ``a`` in place, over the rows of ``b`` only."""
+    per_tap = 2 * _add(1, z.cb)
+    gather = z.item * (z.split + z.rows * z.t * z.cb * per_tap + 2 * z.mb * z.cb * FILL_S)
+    exact = z.item * (z.mb * z.t * z.cb * per_tap + z.mb * z.cb * FILL_S) + z.t * CALL_S
+    return {"gather": gather, "exact": exact}
 
 
 def costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
