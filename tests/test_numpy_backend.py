@@ -41,6 +41,7 @@ def forced(request, monkeypatch):
         from polyconv_numpy import _fast, _overlap
 
         monkeypatch.setattr(_fast, "_CHANNELS_FIRST_MAX", 0)
+        monkeypatch.setattr(_fast, "_CHANNELS_FIRST_DATA", False)
         monkeypatch.setattr(_overlap, "CHANNELS_FIRST_BELOW", 0)
     with polyconv_numpy.strategy(FORCED[name]):
         yield name

@@ -213,8 +213,14 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
     rows, ma, mb, layout, calls, split = z.rows, z.ma, z.mb, z.layout, z.calls, z.split
     run_a, last_b, sp = z.run_a, plan.b_spatial[-1], math.prod(plan.strides)
     per_phase = z.phases
+    # the grid gathers channels-first (runs of rows, no change of layout) for channels-first
+    # data and for few channels per group (see _fast._channels_first)
+    cf = not (cg == 1 and g > 1) and (cg <= 8 or not plan.channels_last)
+    gathered = rows * t * ca * COPY_S if cf else _copy(rows * t * ca, cg)
+    grid_layout = 0.0 if cf else layout
     if primitive == "forward":
-        gather = (item * (split + _copy(rows * t * ca, cg) + mb * cb * (2 * FILL_S + layout))
+        gather = (item * (split - ma * ca * (layout - grid_layout) + gathered
+                          + mb * cb * (2 * FILL_S + grid_layout))
                   + g * _gemm(rows, t * cg, og) + calls)
         overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og, True)
                            + mb * cb * (FILL_S + layout))
@@ -238,8 +244,8 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
         return {"gather": gather, "overlap": overlap}
     # backward_weights: gather a's taps (T*Ca per row) or b's (T*Cb per row, per phase)
     common = item * (split + rows * cb * FILL_S + mb * cb * layout)
-    gather = (common + item * _copy(rows * t * ca, cg) + g * _gemm_long(og, rows, t * cg)
-              + calls)
+    gather = (common - item * (ma * ca + mb * cb) * (layout - grid_layout) + item * gathered
+              + g * _gemm_long(og, rows, t * cg) + calls)
     gather_b = (common + item * _copy(rows * t * cb, og)
                 + sum(g * _gemm_long(ts * og, rows, cg) for ts in per_phase)
                 + calls)
