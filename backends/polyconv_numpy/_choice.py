@@ -15,7 +15,9 @@ backward_weights    gather ``a``'s taps against ``b``            ``gather_b``: p
 
 ``exact`` (per tap, in-range windows only) computes every primitive too; non-finite inputs take
 it unless the chosen strategy is ``overlap``, which adds in-range products only and so
-propagates NaN and Inf exactly as well.
+propagates NaN and Inf exactly as well. The cost model also offers it for one channel per group
+(depthwise) in forward and backward_weights, where it reads the data in place: there is no
+product to speak of, and it skips the grid's copy of ``a`` into phases.
 
 Forcing (tests, benchmarks): the :func:`strategy` context manager, or the environment variable
 ``POLYCONV_NUMPY_STRATEGY`` read at each call, e.g. ``overlap`` (every primitive that has it;
