@@ -20,8 +20,11 @@ position contributes a term, so NaN and Inf propagate exactly as on :mod:`._exac
 rounded to the output dtype once, after the bias (docs/numerics.md#error-bound).
 
 Memory: the product is computed per block of the read side (a few batch elements, or a slab of
-the first spatial axis, about :data:`BLOCK_BYTES`), and the accumulator is the output itself
-when it is channels-last in the accumulation dtype, else one block of batch elements.
+the first spatial axis, about :data:`BLOCK_BYTES`) into one reused buffer. backward_data with
+few channels per group (or channels-first data) accumulates per phase of the output,
+channels-first, one block of batch elements at a time (:class:`_PhaseSums`); otherwise the
+accumulator is the output itself when it is channels-last in the accumulation dtype, else one
+block of batch elements.
 """
 
 from __future__ import annotations
@@ -68,12 +71,8 @@ class _Scratch:
 
 def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """``x`` reshaped without a copy, or ``None`` where that needs one."""
-    try:
-        v = x.view()
-        v.shape = shape
-    except AttributeError:
-        return None
-    return v
+    v = x.reshape(shape)
+    return v if np.may_share_memory(v, x) else None
 
 
 def _blocks(batch: int, rows0: int, row_bytes: int):
@@ -244,8 +243,9 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
             sums.flush(out_cf, bias)
             sums.start(n0, n1)
         src = bv[n0:n1, :, :, y0:y1]
-        x = _view(src, (nb, g, og, -1)) if src.dtype == acc else None
-        if x is None or (g > 1 and plan.channels_last):
+        in_place = src.dtype == acc and not (g > 1 and plan.channels_last)
+        x = _view(src, (nb, g, og, -1)) if in_place else None
+        if x is None:
             # the product reads a transposed view in place for one group (BLAS transposes
             # an operand for free); a grouped channels-last or 16-bit b is copied per block
             x = scratch.get("x", src.shape)
