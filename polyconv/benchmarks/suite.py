@@ -259,6 +259,21 @@ def _lax(case: Case, arrays):
             feature_group_count=p.groups, precision=hi, preferred_element_type=acc
         ).astype(x.dtype))
         return lambda: fn(x, w).block_until_ready()
+    if case.op == "convolution_backward_data":
+        # jax's own transpose rule of the forward conv (vjp in the input), as users write it
+        diff_dst, w = (jnp.asarray(a) for a in arrays)
+        pads = list(zip(p.pads_begin, p.pads_end))
+        x0 = jnp.zeros(p.a_shape, diff_dst.dtype)
+
+        def fwd_x(w, x):
+            return lax.conv_general_dilated(x, w, p.strides, pads, rhs_dilation=p.dilations,
+                                            dimension_numbers=dn,
+                                            feature_group_count=p.groups, precision=hi)
+
+        fn = jax.jit(lambda w, dy: jax.vjp(partial(fwd_x, w), x0)[1](dy)[0])
+        return lambda: fn(w, diff_dst).block_until_ready()
+    if case.op not in ("convolution_backward_weights", "conv_transpose_backward_weights"):
+        return None
     # weight gradients: jax's own transpose rule of the forward conv (vjp), as users write it
     src, diff_dst = (jnp.asarray(a) for a in arrays)
     if case.op == "convolution_backward_weights":
