@@ -337,9 +337,10 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
             timer=_time, adjoint: int | None = None) -> dict[str, float]:
     """Seconds per call of each lowering in ``names``: the fastest of its timed calls.
 
-    Every candidate is compiled and called once, timed; a candidate whose first call takes
-    :data:`MEASURE_DROP_FACTOR` times the best first call is not timed again (its first call
-    stands). The others are then timed in ``rounds`` interleaved rounds (alternating the
+    Every candidate is compiled, called once untimed (the first run of a fresh executable
+    pays one-time costs, which fell on whichever candidate ran first) and once timed; a
+    candidate whose timed call takes :data:`MEASURE_DROP_FACTOR` times the best one is not
+    timed again (that call stands). The others are then timed in ``rounds`` interleaved rounds (alternating the
     order). The fastest call is the estimate: on a shared machine other work only ever adds
     time, so the minimum is the steadiest statistic for ranking (as timeit advises).
     """
@@ -355,6 +356,7 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
         try:
             fns[name] = _runnable(primitive, plan, precision, name, adjoint
                                   ).lower(*args).compile()
+            jax.block_until_ready(fns[name](*args))   # warm-up, untimed
             first[name] = timer(fns[name], args)
         except Exception:  # a lowering XLA cannot compile or run here never wins
             first[name] = math.inf
