@@ -340,9 +340,10 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
     Every candidate is compiled, called once untimed (the first run of a fresh executable
     pays one-time costs, which fell on whichever candidate ran first) and once timed; a
     candidate whose timed call takes :data:`MEASURE_DROP_FACTOR` times the best one is not
-    timed again (that call stands). The others are then timed in ``rounds`` interleaved rounds (alternating the
-    order). The fastest call is the estimate: on a shared machine other work only ever adds
-    time, so the minimum is the steadiest statistic for ranking (as timeit advises).
+    timed again (that call stands). The others are then timed in ``rounds`` interleaved
+    rounds (alternating the order). The fastest call is the estimate: on a shared machine
+    other work only ever adds time, so the minimum is the steadiest statistic for ranking (as
+    timeit advises).
     """
     if not threading.current_thread().name.startswith(_WORKER):
         # JAX's tracing state is per thread: a fresh thread runs the measurement eagerly,
