@@ -350,6 +350,10 @@ def peak_extra_memory(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
+#: the least time of one timed sample (several calls of a fast competitor)
+SAMPLE_SECONDS = 0.005
+
+
 def run_case(case: Case, competitors, repeats: int, warmup: int, log,
              lead_in: int = 1) -> dict[str, Any]:
     arrays = _inputs(case)
@@ -371,6 +375,14 @@ def run_case(case: Case, competitors, repeats: int, warmup: int, log,
     for _ in range(warmup):
         for fn in fns.values():
             fn()
+    # calls per timed sample: enough for about SAMPLE_SECONDS (as timeit's autorange), so
+    # that a sub-millisecond call is not measured against the host's scheduling jitter
+    number = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        number[name] = max(1, min(100, int(SAMPLE_SECONDS / max(time.perf_counter() - t0,
+                                                                   1e-9))))
     times: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(repeats):
         order = list(fns.items())
@@ -384,8 +396,9 @@ def run_case(case: Case, competitors, repeats: int, warmup: int, log,
             for _ in range(lead_in):
                 fn()
             t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            for _ in range(number[name]):
+                fn()
+            times[name].append((time.perf_counter() - t0) / number[name])
         log(f"\r  {case.name}: round {r + 1}/{repeats}")
     log("\n")
     medians = {name: statistics.median(ts) for name, ts in times.items()}
