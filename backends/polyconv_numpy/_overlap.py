@@ -277,15 +277,8 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
         nb = n1 - n0
         if (n0, n1) != prev:            # a new batch block: a fresh accumulator
-            if prev is not None and not direct:
-                _finish(out_cl, prev, buf, bias)
-            if direct:
-                buf = out_cl[n0:n1]
-                buf[...] = 0
-            else:
-                if buf is None or buf.shape[0] != nb:
-                    buf = np.empty((nb, *plan.a_spatial, plan.a_channels), dtype=acc)
-                buf[...] = 0
+            buf = _next_block(out_cl, buf, prev, (n0, n1), bias, direct,
+                              (*plan.a_spatial, plan.a_channels), acc)
             prev = (n0, n1)
         x = np.ascontiguousarray(b_cl[n0:n1, y0:y1], dtype=acc)
         y = wt.product(x.reshape(-1, plan.b_channels), scratch)
@@ -299,6 +292,21 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     else:
         _finish(out_cl, prev, buf, bias)
     return out
+
+
+def _next_block(out_cl, buf, prev, block, bias, direct: bool, shape, acc):
+    """The accumulator of a new batch block ``block = (n0, n1)``, zeroed: the previous block's
+    is first rounded into ``out_cl`` (with the bias); ``direct`` accumulates in ``out_cl``
+    itself. ``shape`` is one batch element's (spatial.., channels)."""
+    n0, n1 = block
+    if prev is not None and not direct:
+        _finish(out_cl, prev, buf, bias)
+    if direct:
+        buf = out_cl[n0:n1]
+    elif buf is None or buf.shape[0] != n1 - n0:
+        buf = np.empty((n1 - n0, *shape), dtype=acc)
+    buf[...] = 0
+    return buf
 
 
 def _finish(out_cl: np.ndarray, block: tuple[int, int], buf: np.ndarray, bias: Any) -> None:
@@ -322,16 +330,9 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     scratch = _Scratch(acc)
     for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
         nb = n1 - n0
-        if (n0, n1) != prev:
-            if prev is not None and not direct:
-                _finish(out_cl, prev, buf, bias)
-            if direct:
-                buf = out_cl[n0:n1]
-                buf[...] = 0
-            else:
-                if buf is None or buf.shape[0] != nb:
-                    buf = np.empty((nb, *plan.b_spatial, plan.b_channels), dtype=acc)
-                buf[...] = 0
+        if (n0, n1) != prev:            # a new batch block: a fresh accumulator
+            buf = _next_block(out_cl, buf, prev, (n0, n1), bias, direct,
+                              (*plan.b_spatial, plan.b_channels), acc)
             prev = (n0, n1)
         wins = _windows(plan, y0, y1)
         if not wins:
