@@ -271,15 +271,10 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     g, cg = plan.groups, wt.cg
     b_rest = plan.b_spatial[1:]
     row_bytes = math.prod(b_rest) * wt.t * plan.a_channels * acc.itemsize
-    buf = None
-    prev = None
     scratch = _Scratch(acc)
-    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
+    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct, row_bytes,
+                                            (*plan.a_spatial, plan.a_channels), acc):
         nb = n1 - n0
-        if (n0, n1) != prev:            # a new batch block: a fresh accumulator
-            buf = _next_block(out_cl, buf, prev, (n0, n1), bias, direct,
-                              (*plan.a_spatial, plan.a_channels), acc)
-            prev = (n0, n1)
         x = np.ascontiguousarray(b_cl[n0:n1, y0:y1], dtype=acc)
         y = wt.product(x.reshape(-1, plan.b_channels), scratch)
         y = y.reshape(nb, y1 - y0, *b_rest, g, wt.t, cg)
@@ -287,26 +282,31 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
         for t, b_index, a_index, _ in _windows(plan, y0, y1):
             view = acc_v[(slice(None), *a_index)]
             view += y[(slice(None), *b_index, slice(None), t)]
-    if direct:
-        add_bias(out_cl, bias)
-    else:
-        _finish(out_cl, prev, buf, bias)
     return out
 
 
-def _next_block(out_cl, buf, prev, block, bias, direct: bool, shape, acc):
-    """The accumulator of a new batch block ``block = (n0, n1)``, zeroed: the previous block's
-    is first rounded into ``out_cl`` (with the bias); ``direct`` accumulates in ``out_cl``
-    itself. ``shape`` is one batch element's (spatial.., channels)."""
-    n0, n1 = block
-    if prev is not None and not direct:
-        _finish(out_cl, prev, buf, bias)
+def _accumulated(plan: ConvPlan, out_cl: np.ndarray, bias: Any, direct: bool, row_bytes: int,
+                 shape: tuple[int, ...], acc):
+    """The blocks ``(n0, n1, y0, y1)`` of :func:`_blocks`, each with the zeroed accumulator
+    of its batch block ``n0:n1`` (``shape`` is one batch element's ``(spatial.., channels)``).
+    ``direct`` accumulates in ``out_cl`` itself; otherwise each batch block's accumulator is
+    rounded into ``out_cl``, with the bias, once its last block has been added."""
+    buf, prev = None, None
+    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
+        if (n0, n1) != prev:            # a new batch block: a fresh accumulator
+            if prev is not None and not direct:
+                _finish(out_cl, prev, buf, bias)
+            if direct:
+                buf = out_cl[n0:n1]
+            elif buf is None or buf.shape[0] != n1 - n0:
+                buf = np.empty((n1 - n0, *shape), dtype=acc)
+            buf[...] = 0
+            prev = (n0, n1)
+        yield n0, n1, y0, y1, buf
     if direct:
-        buf = out_cl[n0:n1]
-    elif buf is None or buf.shape[0] != n1 - n0:
-        buf = np.empty((n1 - n0, *shape), dtype=acc)
-    buf[...] = 0
-    return buf
+        add_bias(out_cl, bias)
+    elif prev is not None:
+        _finish(out_cl, prev, buf, bias)
 
 
 def _finish(out_cl: np.ndarray, block: tuple[int, int], buf: np.ndarray, bias: Any) -> None:
@@ -325,15 +325,10 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     a_rest, s0 = plan.a_spatial[1:], plan.strides[0]
     # a slab of b rows reads about s0 rows of a per row
     row_bytes = s0 * math.prod(a_rest) * wt.t * plan.b_channels * acc.itemsize
-    buf = None
-    prev = None
     scratch = _Scratch(acc)
-    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
+    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct, row_bytes,
+                                            (*plan.b_spatial, plan.b_channels), acc):
         nb = n1 - n0
-        if (n0, n1) != prev:            # a new batch block: a fresh accumulator
-            buf = _next_block(out_cl, buf, prev, (n0, n1), bias, direct,
-                              (*plan.b_spatial, plan.b_channels), acc)
-            prev = (n0, n1)
         wins = _windows(plan, y0, y1)
         if not wins:
             continue
@@ -347,8 +342,4 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
             rows = slice(a_index[0].start - x0, a_index[0].stop - x0, a_index[0].step)
             view = acc_v[(slice(None), *b_index)]
             view += z[(slice(None), rows, *a_index[1:], slice(None), t)]
-    if direct:
-        add_bias(out_cl, bias)
-    else:
-        _finish(out_cl, prev, buf, bias)
     return out
