@@ -123,8 +123,7 @@ def _plan(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
     if _plain((*(shape for _, shape in shapes), dst_shape, weights_shape,
                *(getattr(attrs, name) for name in _ATTRIBUTES))):
         return _plan_cached(spec, shapes, attrs, dst_shape, weights_shape, dtype)
-    return resolve(spec, dict(shapes), attrs, dst_shape=dst_shape,
-                   weights_shape=weights_shape).with_(dtype=dtype)
+    return _plan_cached.__wrapped__(spec, shapes, attrs, dst_shape, weights_shape, dtype)
 
 
 def _call(spec: OpSpec, arguments: dict[str, Any]) -> Array:
