@@ -206,3 +206,15 @@ def test_empty_pads_run_on_arrays():
                              auto_pad="SAME_UPPER")
     np.testing.assert_array_equal(y, polyconv.convolution(x, w, strides=2,
                                                           auto_pad="same_upper"))
+
+
+def test_plans_compare_on_geometry_alone():
+    """An op and its older name, or one layer in two dtypes, are one plan (one cache key of
+    every per-plan cache); another stride is another plan."""
+    shapes = ((2, 4, 4, 6), (3, 3, 3, 6))
+    new = polyconv.infer_shape("convolution_backward_data", *shapes, strides=2)
+    old = polyconv.infer_shape("ConvolutionBackpropData-1", *shapes, strides=2)
+    assert new.op != old.op
+    assert new == old and hash(new) == hash(old)
+    assert new.with_(dtype="float16") == new.with_(dtype="float32")
+    assert polyconv.infer_shape("convolution_backward_data", *shapes, strides=1) != new
