@@ -148,6 +148,46 @@ def test_measure_times_every_candidate_and_drops_slow_ones():
     assert len(calls) == len(names) + 3 * (len(names) - 1)
 
 
+def test_every_candidate_runs_once_before_its_first_timed_call(monkeypatch):
+    """A fresh executable's first run pays one-time costs: the measurement runs each
+    candidate once, untimed, so that those costs never fall on a timed call (they used to
+    fall on the first candidate, the policy's)."""
+    plan = _plan()
+    names = _choice.candidates("backward_data", plan)
+    runs: dict[str, int] = {}
+    real = _choice._runnable
+
+    class Counting:
+        def __init__(self, name, compiled):
+            self.name, self.compiled = name, compiled
+
+        def __call__(self, *args):
+            runs[self.name] = runs.get(self.name, 0) + 1
+            return self.compiled(*args)
+
+    class Lowered:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def lower(self, *args):
+            self.lowered = self.fn.lower(*args)
+            return self
+
+        def compile(self):
+            return Counting(self.name, self.lowered.compile())
+
+    monkeypatch.setattr(_choice, "_runnable", lambda primitive, plan, precision, name, adj:
+                        Lowered(name, real(primitive, plan, precision, name, adj)))
+    seen_before_timing = {}
+
+    def timer(fn, args):
+        seen_before_timing.setdefault(fn.name, runs.get(fn.name, 0))
+        return _choice._time(fn, args)
+
+    _choice.measure("backward_data", plan, None, names, rounds=1, timer=timer)
+    assert seen_before_timing == dict.fromkeys(names, 1)
+
+
 def test_measured_choice_under_jit_grad_and_vmap_matches_the_oracle(measuring):
     """Measuring runs while the caller is traced (jit, grad, vmap), and whatever it picks is
     exact."""
