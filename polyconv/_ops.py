@@ -7,36 +7,20 @@ backend, run one of its three primitives.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ._backends import (
-    check_arrays,
-    check_one_library,
-    get_backend,
-    infer_backend,
-    restore_type,
-)
-from ._geometry import Attrs, ConvPlan, check_precision, resolve
+from ._dispatch import _call, _prepare
+from ._geometry import ConvPlan, resolve
 from ._keywords import unexpected_keyword
 from ._optable import OP_TABLE, SHAPE_ARGUMENTS, OpSpec, lookup
 from ._optable import spec as op_spec
 
 IntOrSeq = int | Sequence[int]
 Array = Any
-
-def _alias(op: str, name: str, value, alias: str, alias_value):
-    if alias_value is None:
-        return value
-    if value is not None:
-        msg = f"{op}: pass either {name} or its alias {alias}, not both"
-        raise TypeError(msg)
-    return alias_value
-
 
 def _check_keywords(name: str, kwargs: dict[str, Any], known: frozenset[str]) -> None:
     """Refuse an unknown keyword with :func:`unexpected_keyword`'s message (which names the
@@ -72,81 +56,6 @@ def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
         common = _COMMON_DOC.format(large=spec.large, wfmt=spec.weights_format)
         checked.__doc__ = checked.__doc__.replace("{common}", common.strip() + "\n")
     return checked
-
-
-_ALIASES = (("dst_shape", "output_shape"), ("weights_shape", "filter_shape"),
-            ("weights_format", "filter_format"))
-_ATTRIBUTES = tuple(f.name for f in dataclasses.fields(Attrs))
-
-
-def _prepare(spec: OpSpec, arguments: dict[str, Any]):
-    """A call's bound arguments (arrays, or shapes for :func:`infer_shape`) as the inputs by
-    name, the attributes and the two shape arguments, older-spec aliases merged."""
-    args = dict(arguments)
-    for name, alias in _ALIASES:
-        args[name] = _alias(spec.name, name, args.get(name), alias, args.pop(alias, None))
-    if args["weights_format"] is None:
-        args["weights_format"] = spec.weights_format
-    inputs = {name: args.get(name) for name in ("src", "diff_dst", "weights", "bias")}
-    attrs = Attrs(**{key: args[key] for key in _ATTRIBUTES if key in args})
-    return inputs, attrs, args["dst_shape"], args["weights_shape"]
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan_cached(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
-                 dtype: str) -> ConvPlan:
-    return resolve(spec, dict(shapes), attrs, dst_shape=dst_shape,
-                   weights_shape=weights_shape).with_(dtype=dtype)
-
-
-def _plain(values: tuple) -> bool:
-    """Every value an int, str or None, or a tuple of ints: values that hash and compare by
-    value and type alike (``True == 1`` and ``1.0 == 1``, which validation tells apart, are
-    not plain). Flat loops: this runs on every call."""
-    for value in values:
-        kind = type(value)
-        if kind is tuple:
-            for item in value:
-                if type(item) is not int:
-                    return False
-        elif kind is not int and kind is not str and value is not None:
-            return False
-    return True
-
-
-def _plan(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
-          dtype: str) -> ConvPlan:
-    """The resolved plan of a call, cached on its shapes, attributes and dtype (resolving
-    costs tens of microseconds, which show next to a fast backend's small calls) where they
-    are all plain values; other calls (lists, numpy integers, bools) resolve uncached. Only
-    valid plans are cached: a failing resolution raises every time."""
-    if _plain((*(shape for _, shape in shapes), dst_shape, weights_shape,
-               *(getattr(attrs, name) for name in _ATTRIBUTES))):
-        return _plan_cached(spec, shapes, attrs, dst_shape, weights_shape, dtype)
-    return _plan_cached.__wrapped__(spec, shapes, attrs, dst_shape, weights_shape, dtype)
-
-
-def _call(spec: OpSpec, arguments: dict[str, Any]) -> Array:
-    """Run op ``spec`` on its bound arguments: check the arrays, resolve the plan, pick the
-    backend, run its primitive."""
-    op = spec.name
-    inputs, attrs, dst_shape, weights_shape = _prepare(spec, arguments)
-    present = {name: x for name, x in inputs.items() if x is not None}
-    dtype = check_arrays(op, present)
-    backend = arguments["backend"]
-    if backend is None:
-        backend = infer_backend(op, present)     # one array library, and its backend
-    else:
-        check_one_library(op, present)
-    impl = get_backend(backend, op)
-    shapes = tuple((name, tuple(x.shape)) for name, x in present.items())
-    precision = arguments["precision"]
-    plan = _plan(spec, shapes, attrs, dst_shape, weights_shape, dtype)
-    if precision is not None:
-        plan = plan.with_(precision=precision)
-    check_precision(op, precision)
-    out = getattr(impl, plan.primitive)(plan, *(inputs[name] for name in spec.arrays))
-    return restore_type(out, next(iter(present.values())))
 
 
 def _bound(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
