@@ -94,7 +94,8 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """The benchmark suite (not a test): writes docs/benchmarks.json (every library on all
-    CPUs), docs/benchmarks-1thread.json (on one thread) and docs/benchmarks-corpus.json (the
+    CPUs), docs/benchmarks-1thread.json (on one thread), docs/benchmarks-torch-1thread.json
+    (polyconv-torch and torch alone, on one thread) and docs/benchmarks-corpus.json (the
     real-model layers, forward and gradient) for the docs page.
 
     PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
@@ -109,4 +110,6 @@ def bench(session: nox.Session) -> None:
     session.run("polyconv", "bench", "--json", "docs/benchmarks.json", *session.posargs)
     session.run("polyconv", "bench", "--threads", "1", "--json", "docs/benchmarks-1thread.json",
                 *session.posargs)
+    session.run("polyconv", "bench", "--threads", "1", "--competitors", "polyconv-torch,torch",
+                "--repeats", "15", "--json", "docs/benchmarks-torch-1thread.json")
     session.run("polyconv", "bench", "--corpus", "--json", "docs/benchmarks-corpus.json")

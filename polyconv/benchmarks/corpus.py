@@ -40,7 +40,7 @@ import numpy as np
 import polyconv
 from polyconv._compare import numpy_dtype
 
-from .suite import _THREADS_ENV, _pin, _rerun_with_threads, machine
+from .suite import _THREADS_ENV, _lead_in, _pin, _rerun_with_threads, machine, torch_tensor
 
 
 @dataclass(frozen=True)
@@ -214,14 +214,14 @@ def _torch(layer: Layer, mode: str, arrays):
         a = np.asarray(a, np.float32)
         if p.channels_last:
             a = np.moveaxis(a, -1, 1)
-        t = torch.from_numpy(np.ascontiguousarray(a)).to(tdt)
+        t = torch_tensor(a, tdt)
         return t.contiguous(memory_format=memfmt) if memfmt else t
 
     x, w, g = arrays
     wc = np.transpose(np.asarray(w, np.float32), p.weights_perm)     # [Cb, Ca/G, K..]
     transposed = layer.op == "conv_transpose"
     # torch's weights are canonical: [IC, OC/G, K..] for ConvTranspose, [OC, IC/G, K..] for Conv
-    wt = torch.from_numpy(np.ascontiguousarray(wc)).to(tdt)
+    wt = torch_tensor(wc, tdt)
     if memfmt:
         wt = wt.contiguous(memory_format=memfmt)
     xt, gt = data(x), data(g)
@@ -338,7 +338,7 @@ def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
             order.reverse()
         for name, fn in order:
             if name not in slow:
-                fn()                # lead-in: see polyconv.benchmarks.suite.run_case
+                _lead_in(fn, 1)     # see polyconv.benchmarks.suite._lead_in
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -122,13 +122,21 @@ def _torch_dtype(case: Case):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
 
 
+def torch_tensor(a: np.ndarray, dtype: Any):
+    """``a`` as a torch tensor in torch's own memory, as a PyTorch user's tensors are: memory
+    that numpy allocated may be only 16-byte aligned, which slows oneDNN's kernels (a 0.2 ms
+    depthwise layer by 1.3x), so no competitor gets it."""
+    import torch
+
+    return torch.tensor(np.asarray(a, np.float32), dtype=dtype)
+
+
 def _polyconv_array_api_torch(case: Case, arrays):
     """polyconv's generic array-API backend on PyTorch tensors (the user's NXC layout)."""
-    import torch
 
     tdt = _torch_dtype(case)
     fn = getattr(polyconv, case.op)
-    xs = [torch.from_numpy(a.astype(np.float32)).to(tdt) for a in arrays]
+    xs = [torch_tensor(a, tdt) for a in arrays]
     return lambda: fn(*xs, *case.extra, backend="array_api", **case.attrs)
 
 
@@ -140,7 +148,6 @@ def _polyconv_torch(case: Case, arrays):
     """polyconv's PyTorch backend on PyTorch tensors: NXC data (torch's channels-last memory
     format, as the torch peer has it) and the weights in torch's own layout, as a PyTorch user
     passes them (``weights_format="IOX"`` for ConvTranspose, ``"OIX"`` for Convolution)."""
-    import torch
 
     tdt = _torch_dtype(case)
     fn = getattr(polyconv, case.op)
@@ -150,7 +157,7 @@ def _polyconv_torch(case: Case, arrays):
     if "weights" in spec(case.op).positional and wfmt in _TORCH_WEIGHTS:
         arrays[1] = _torch_weights_iox(arrays[1])
         attrs["weights_format"] = _TORCH_WEIGHTS[wfmt]
-    xs = [torch.from_numpy(a.astype(np.float32)).to(tdt) for a in arrays]
+    xs = [torch_tensor(a, tdt) for a in arrays]
     return lambda: fn(*xs, *case.extra, **attrs)
 
 
@@ -169,8 +176,7 @@ def _torch(case: Case, arrays):
     tdt = _torch_dtype(case)
 
     def data(x):
-        t = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x.astype(np.float32), -1, 1)))
-        t = t.to(tdt)
+        t = torch_tensor(np.moveaxis(x, -1, 1), tdt)
         return t.contiguous(memory_format=memfmt) if memfmt else t
 
     pad = list(p.pads_begin)
@@ -181,27 +187,27 @@ def _torch(case: Case, arrays):
         extra = [q for b, e in reversed(list(zip(p.pads_begin, p.pads_end))) for q in (b, e)]
         x, w = arrays
         xt = data(x)
-        wt = torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        wt = torch_tensor(_torch_weights_iox(w), tdt)
         f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
         return lambda: f(F.pad(xt, extra), wt, stride=p.strides, dilation=p.dilations,
                          groups=p.groups)
     if case.op == "conv_transpose":
         x, w = arrays
-        xt, wt = data(x), torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        xt, wt = data(x), torch_tensor(_torch_weights_iox(w), tdt)
         f = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[d]
         kw = dict(stride=p.strides, padding=pad, output_padding=p.output_padding,
                   groups=p.groups, dilation=p.dilations)
         return lambda: f(xt, wt, **kw)
     if case.op == "convolution":
         x, w = arrays
-        xt, wt = data(x), torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        xt, wt = data(x), torch_tensor(_torch_weights_iox(w), tdt)
         f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
         return lambda: f(xt, wt, stride=p.strides, padding=pad, dilation=p.dilations,
                          groups=p.groups)
     if case.op == "convolution_backward_data":
         diff_dst, w = arrays
         dy = data(diff_dst)
-        wt = torch.from_numpy(_torch_weights_iox(w.astype(np.float32))).to(tdt)
+        wt = torch_tensor(_torch_weights_iox(w), tdt)
         size = (p.batch, p.a_channels, *p.a_spatial)
         f = getattr(torch.nn.grad, f"conv{d}d_input")
         return lambda: f(size, wt, dy, stride=p.strides, padding=pad, dilation=p.dilations,
@@ -354,6 +360,24 @@ def peak_extra_memory(fn: Callable[[], Any]) -> int:
 SAMPLE_SECONDS = 0.005
 
 
+#: the least time of a competitor's untimed calls before each timed sample
+LEAD_IN_SECONDS = 0.003
+
+
+def _lead_in(fn: Callable[[], Any], calls: int) -> None:
+    """Untimed calls before a timed sample: at least ``calls``, and for at least
+    :data:`LEAD_IN_SECONDS`. They wake this competitor's thread pool (on a VM a parked worker
+    can take milliseconds to wake) while the previous competitor's workers, which spin for a
+    while after their last call, go idle; and they bring back the caches and memory state the
+    previous competitor displaced (a 0.2 ms call runs 2-4x slower for its first ten calls after
+    a heavy one). The timed calls then measure back-to-back use, as in a real loop."""
+    end = time.perf_counter() + LEAD_IN_SECONDS
+    for _ in range(calls):
+        fn()
+    while time.perf_counter() < end:
+        fn()
+
+
 def run_case(case: Case, competitors, repeats: int, warmup: int, log,
              lead_in: int = 1) -> dict[str, Any]:
     arrays = _inputs(case)
@@ -389,12 +413,7 @@ def run_case(case: Case, competitors, repeats: int, warmup: int, log,
         if r % 2:
             order.reverse()          # interleaved, alternating order
         for name, fn in order:
-            # an untimed call first: it wakes this competitor's thread pool (on a VM a parked
-            # worker can take milliseconds to wake) while the previous competitor's workers,
-            # which spin for a while after their last call, go idle; the timed call then
-            # measures back-to-back use, as in a real loop
-            for _ in range(lead_in):
-                fn()
+            _lead_in(fn, lead_in)
             t0 = time.perf_counter()
             for _ in range(number[name]):
                 fn()
@@ -447,7 +466,8 @@ def _cpus(m: dict[str, Any]) -> str:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    names = [c.name for c in COMPETITORS]
+    names = [c.name for c in COMPETITORS
+             if any(c.name in r["median_s"] for r in results["cases"])]
     rate = results["matmul_gflops"]
     lines = [f"machine: {results['machine']['platform']}, {_cpus(results['machine'])}; "
              f"numpy f32 matmul {rate:.1f} GFLOP/s",
@@ -456,14 +476,16 @@ def format_table(results: dict[str, Any]) -> str:
     for r in results["cases"]:
         cells = []
         for n in names:
-            if n in r["median_s"]:
-                cells.append(f"{r['median_s'][n] * 1e3:8.2f}ms x{r['speed_vs_numpy'][n]:5.2f}")
-            else:
+            speed = r["speed_vs_numpy"].get(n)
+            if n not in r["median_s"]:
                 cells.append(f"{'skipped':>16s}")
+            else:      # without polyconv-numpy in the run (--competitors), times only
+                cells.append(f"{r['median_s'][n] * 1e3:8.2f}ms"
+                             + (f" x{speed:5.2f}" if speed is not None else ""))
         mem = r["numpy_peak_extra_memory_ratio"]
         frac = r["gflops"].get(BASELINE, 0) / rate * 100
         lines.append(f"{r['case']:48s} " + " ".join(f"{c:>16s}" for c in cells)
-                     + f"  {mem:8.2f}x  {frac:9.1f}%")
+                     + (f"  {mem:8.2f}x  {frac:9.1f}%" if mem is not None else ""))
     lines.append("xN = speed relative to polyconv-numpy (>1 is faster than polyconv-numpy); "
                  "mem = peak extra memory / (inputs + output)")
     return "\n".join(lines)
@@ -561,7 +583,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="untimed calls of each competitor before the rounds (default 2)")
     parser.add_argument("--cases", default="", help="substring filter on case names")
     parser.add_argument("--lead-in", type=int, default=1,
-                        help="untimed calls of a competitor before each timed one (default 1)")
+                        help="untimed calls of a competitor before each timed one, for at "
+                             "least 3 ms (default 1)")
+    parser.add_argument("--competitors", default="",
+                        help="comma-separated competitor names to run (default: all of "
+                             + ", ".join(c.name for c in COMPETITORS) + ")")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     parser.add_argument("--threads", type=int,
@@ -584,6 +610,14 @@ def main(argv: list[str] | None = None) -> int:
     if not selected:
         names = "; ".join(c.name for c in CASES)
         parser.error(f"--cases {args.cases!r} matches no case name; the cases are: {names}")
+    competitors = COMPETITORS
+    if args.competitors:
+        wanted = [n.strip() for n in args.competitors.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - {c.name for c in COMPETITORS})
+        if unknown:
+            parser.error(f"--competitors: unknown {', '.join(unknown)}; the competitors are "
+                         + ", ".join(c.name for c in COMPETITORS))
+        competitors = tuple(c for c in COMPETITORS if c.name in wanted)
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
@@ -597,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {"machine": machine(), "matmul_gflops": matmul_rate(), "cases": []}
     for case in selected:
-        results["cases"].append(run_case(case, COMPETITORS, args.repeats, args.warmup, log,
+        results["cases"].append(run_case(case, competitors, args.repeats, args.warmup, log,
                                            args.lead_in))
     print(format_table(results))
     if args.json:
