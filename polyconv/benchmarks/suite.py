@@ -457,6 +457,10 @@ def machine() -> dict[str, Any]:
     for mod in ("jax", "torch"):
         if find_spec(mod) is not None:
             info[mod] = __import__(mod).__version__
+    # numpy's OpenBLAS picks its kernels by CPU unless this says otherwise (AVX2 "Haswell"
+    # kernels run float32 products at half the AVX-512 rate)
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        info["openblas_coretype"] = os.environ["OPENBLAS_CORETYPE"]
     return info
 
 
