@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import numpy_dtype
+from oracle import assert_within_bound, numpy_dtype, reference
 from test_matrix import GRID, check_case
 
 import polyconv
@@ -114,10 +114,11 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
 
 
 @pytest.mark.parametrize("layout", ["NXC", "NCX"])
-def test_depthwise_forward_reads_in_place_when_it_can(layout):
-    # one channel per group: no product left, and the exact path's per-tap windows skip the
-    # grid's phase split. It is chosen only where it reads the data in place (channels-last,
-    # the accumulation dtype), where its temporaries keep within the memory bound
+def test_depthwise_choice_and_memory(layout):
+    # one channel per group: no product left. forward sums the taps' blocks of grid rows
+    # (contiguous, in cache); backward_weights reads the exact path's per-tap windows in place
+    # where it can (channels-last, the accumulation dtype: temporaries within the memory
+    # bound), skipping the grid's phase split
     import dataclasses
 
     src = (8, 56, 56, 32) if layout == "NXC" else (8, 32, 56, 56)
@@ -127,8 +128,17 @@ def test_depthwise_forward_reads_in_place_when_it_can(layout):
                              data_format=layout, weights_format="XIO" if layout == "NXC"
                              else "OIX"), dtype="float32")
     want = "exact" if layout == "NXC" else "gather"
-    assert polyconv_numpy.choose("forward", plan) == want
     assert polyconv_numpy.choose("backward_weights", plan) in (want, "gather_b")
+    # forward: the grid for a 7x7 kernel (49 taps amortize its phase split), the in-place
+    # windows for a strided 3x3 kernel on wide channels, where the split costs the most
+    wide = dataclasses.replace(polyconv.infer_shape(
+        "convolution", (8, 112, 112, 96), (3, 3, 1, 96), strides=2, groups=96, pads_begin=1,
+        pads_end=1, weights_format="XIO"), dtype="float32")
+    big = dataclasses.replace(polyconv.infer_shape(
+        "convolution", (8, 56, 56, 96), (7, 7, 1, 96), groups=96, pads_begin=3, pads_end=3,
+        weights_format="XIO"), dtype="float32")
+    assert polyconv_numpy.choose("forward", big) == "gather"
+    assert polyconv_numpy.choose("forward", wide) == "exact"
     import tracemalloc
 
     rng = np.random.default_rng(0)
@@ -243,3 +253,22 @@ def test_peak_memory_at_most_twice_inputs_and_output(case, strategy):
         finally:
             tracemalloc.stop()
     assert peak <= 2 * (sum(a.nbytes for a in arrays) + y.nbytes)
+
+
+@pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
+@pytest.mark.parametrize(("channels", "spatial", "strides"), [
+    (96, (30, 29), 1), (5, (29, 31), 1), (7, (23, 26), 2), (96, (17, 9), (2, 1))])
+def test_depthwise_tap_sums_match_the_oracle(op, channels, spatial, strides):
+    # one channel per group on the grid: blocks of rows whose count is not a multiple of the
+    # tiled weights' rows, so both loops of the tap sum run (tiled and the remainder)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, *spatial, channels)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 1, channels)).astype(np.float32)
+    attrs = dict(strides=strides, pads_begin=(1, 0), pads_end=(0, 1), groups=channels)
+    if op == "conv_transpose":
+        attrs["weights_format"] = "XOI"
+    with polyconv_numpy.strategy(forward="gather", backward_data="gather"):
+        y = getattr(polyconv, op)(x, w, **attrs)
+    ref = reference(op, x, w, **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")

@@ -18,7 +18,7 @@ model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRA
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
   adds in-range products only as well. Depthwise forward and backward_weights take it too
-  where it reads the data in place (the cost model's choice).
+  where it reads the data in place and the cost model finds it faster.
 
 All work channels-last in float32 (float64 for float64 inputs), add the bias before the one
 rounding to the output dtype (docs/numerics.md#error-bound), and only read their inputs.

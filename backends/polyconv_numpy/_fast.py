@@ -42,6 +42,7 @@ from ._common import (
 
 _BLOCK_BYTES = 1 << 20   # target size of one gathered block of rows
 _GROUPED_BLOCK_BYTES = 1 << 21
+_DEPTHWISE_BLOCK_BYTES = 1 << 17  # one block of a depthwise sum's rows (stays in L2)
 _CHANNELS_FIRST_MAX = 8  # channels per group up to which backward_data runs channels-first
 _CHANNELS_FIRST_DATA = True  # forward, backward_weights: NCX data channels-first at any width
 
@@ -165,6 +166,43 @@ def _blocks(rows: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES):
         yield j0, min(rows, j0 + step)
 
 
+class _TapSum:
+    """``out[j] = sum_t src_t[j + off_t] * w_t``, one weight per channel and tap (one input
+    channel per group, one output channel per group): per tap one multiply into a scratch
+    block and one add, over cache-sized blocks of rows. The weights are tiled to a few rows, so
+    that numpy runs each operation as loops of about a thousand contiguous values rather than
+    one loop per row of ``C`` (2-3x the time per operation for 96 channels)."""
+
+    def __init__(self, weights: np.ndarray, rows: int):
+        t, c = weights.shape                                     # [T, C]
+        self.c, self.w = c, weights
+        self.r = max(1, min(1024 // c, rows // t))   # rows per tile (all tiles: <= the rows)
+        self.tiles = np.ascontiguousarray(np.broadcast_to(
+            weights[:, None, :], (t, self.r, c))).reshape(t, self.r * c)
+        self.tmp = np.empty(0, dtype=weights.dtype)
+
+    def blocks(self, rows: int):
+        return _blocks(rows, self.c * self.w.itemsize, _DEPTHWISE_BLOCK_BYTES)
+
+    def __call__(self, out: np.ndarray, sources, j0: int) -> None:
+        """Fill ``out`` (``[n, C]``, contiguous) with the sum for rows ``j0 .. j0 + n``."""
+        n, c = out.shape
+        if self.tmp.size < n * c:
+            self.tmp = np.empty(n * c, dtype=out.dtype)
+        full = n - n % self.r
+        for lo, hi, tiled in ((0, full, True), (full, n, False)):
+            if hi == lo:
+                continue
+            shape = ((hi - lo) // self.r, self.r * c) if tiled else (hi - lo, c)
+            o = out[lo:hi].reshape(shape)
+            tmp = self.tmp[: (hi - lo) * c].reshape(shape)
+            for t, (src, off) in enumerate(sources):
+                s = src[j0 + off + lo: j0 + off + hi].reshape(shape)
+                np.multiply(s, self.tiles[t] if tiled else self.w[t], out=tmp if t else o)
+                if t:
+                    o += tmp
+
+
 class _Channels:
     """Channel bookkeeping of one plan: ``G`` groups of ``Cg`` (a side) and ``Og`` (b side)."""
 
@@ -219,7 +257,11 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     phases = grid.split(a, acc)
     sources = [(phases[phase], off) for phase, off in grid.taps]
     b = np.empty((grid.rows, plan.b_channels), dtype=acc)
-    if ch.depthwise:
+    if ch.depthwise and ch.og == 1:
+        tap_sum = _TapSum(np.ascontiguousarray(w4[:, 0, 0, :].T), grid.rows)     # [T, Cb]
+        for j0, j1 in tap_sum.blocks(grid.rows):
+            tap_sum(b[j0:j1], sources, j0)
+    elif ch.depthwise:      # a channel multiplier: each input channel feeds Og outputs
         w_t = np.ascontiguousarray(w4[:, :, 0, :].transpose(2, 0, 1))    # [T, G, Og]
         for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
             out = b[j0:j1].reshape(j1 - j0, ch.g, ch.og)
@@ -302,17 +344,14 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
     rows = np.empty((grid.rows, plan.a_channels), dtype=acc)
     for phase, taps in grid.phases.items():
         sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
-        if ch.depthwise:
+        if ch.depthwise and ch.og == 1:
+            tap_sum = _TapSum(np.ascontiguousarray(w4[:, 0, 0, taps].T), grid.rows)  # [n, Ca]
+            for j0, j1 in tap_sum.blocks(grid.rows):
+                tap_sum(rows[j0:j1], sources, j0)
+        elif ch.depthwise:
             w_t = np.ascontiguousarray(w4[:, :, 0, taps].transpose(2, 0, 1))  # [n, G, Og]
             for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
                 out = rows[j0:j1]
-                if ch.og == 1:      # one multiply-add per tap, into a reused buffer
-                    tmp = np.empty_like(out)
-                    for i, ((src, off), wt) in enumerate(zip(sources, w_t[:, :, 0])):
-                        np.multiply(src[j0 + off: j1 + off], wt, out=out if i == 0 else tmp)
-                        if i:
-                            out += tmp
-                    continue
                 out[...] = 0
                 for (src, off), wt in zip(sources, w_t):
                     blk = src[j0 + off: j1 + off].reshape(j1 - j0, ch.g, ch.og)
