@@ -102,6 +102,7 @@ _NNUNET = "nnU-Net Generic_UNet 3-D transposed-conv upsampling (2x2x2, stride 2)
 _MONAI = "MONAI networks/nets/unet.py UNet up layer (3-D, kernel 3, stride 2)"
 _RESNET = "torchvision resnet50 (Bottleneck 3x3 convolutions)"
 _MBV2 = "torchvision mobilenet_v2 (InvertedResidual depthwise 3x3)"
+_CONVNEXT = "facebookresearch/ConvNeXt models/convnext.py Block (ConvNeXt-T, 7x7 depthwise)"
 
 LAYERS: tuple[Layer, ...] = (
     _ct("DCGAN G", "ConvT 512->256 k4 s2 4x4", (16, 4, 4), 512, 256, 4, 2, 1, source=_DCGAN),
@@ -134,6 +135,10 @@ LAYERS: tuple[Layer, ...] = (
           source=_RESNET),
     _conv("MobileNetV2", "depthwise 96 k3 s2 112x112", (8, 112, 112), 96, 96, 3, 2, 1,
           groups=96, source=_MBV2),
+    _conv("MobileNetV2", "depthwise 144 k3 s1 56x56", (8, 56, 56), 144, 144, 3, 1, 1,
+          groups=144, source=_MBV2),
+    _conv("ConvNeXt-T", "depthwise 96 k7 s1 56x56", (8, 56, 56), 96, 96, 7, 1, 3,
+          groups=96, source=_CONVNEXT),
     _conv("U-Net", "Conv 64->64 k3 s1 128x128 NCX", (1, 128, 128), 64, 64, 3, 1, 1,
           fmt="NCX", source=_UNET),
 )
