@@ -17,10 +17,9 @@ backward_weights    gather ``a``'s taps against ``b``            ``gather_b``: p
 it unless the chosen strategy is ``overlap``, which adds in-range products only and so
 propagates NaN and Inf exactly as well. The cost model also offers it for one channel per group
 (depthwise) in forward and backward_weights, where it reads the data in place: there is no
-product to speak of, and it skips the grid's copy of ``a`` into phases. For depthwise
-forward the grid's per-tap sums over contiguous blocks usually win (up to 3.2x for 7x7
-kernels); the exact path wins for strided 3x3 kernels on wide channels
-(:func:`_depthwise_forward`).
+product to speak of, and it skips the grid's copy of ``a`` into phases. The grid's per-tap
+sums over contiguous blocks usually win (up to 3.2x forward and 4.5x backward_weights for 7x7
+kernels); the exact path wins for strided 3x3 kernels on wide channels (:func:`_depthwise`).
 
 Forcing (tests, benchmarks): the :func:`strategy` context manager, or the environment variable
 ``POLYCONV_NUMPY_STRATEGY`` read at each call, e.g. ``overlap`` (every primitive that has it;
@@ -208,7 +207,7 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     z = _Sizes(plan)
     out = _costs_dense(primitive, plan, z)
     if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):
-        dw = (_depthwise_forward if primitive == "forward" else _depthwise)(z)
+        dw = _depthwise(z)
         out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
     return out
 
@@ -263,22 +262,13 @@ def _in_place(plan: ConvPlan) -> bool:
     return plan.channels_last and plan.dtype in ("float32", "float64")
 
 
-def _depthwise(z: _Sizes) -> dict[str, float]:
-    """One channel per group, backward_weights: no product left, a multiply and an add per tap
-    and value. The grid pays for laying ``a`` out in phases first; the exact
-    path reads each tap's window of ``a`` in place, over the rows of ``b`` only."""
-    per_tap = 2 * _add(1, z.cb)
-    gather = z.item * (z.split + z.rows * z.t * z.cb * per_tap + 2 * z.mb * z.cb * FILL_S)
-    exact = z.item * (z.mb * z.t * z.cb * per_tap + z.mb * z.cb * FILL_S) + z.t * CALL_S
-    return {"gather": gather, "exact": exact}
-
-
-#: depthwise forward, per element: the grid's phase split (per value of ``a``) and its per-tap
-#: sums (per grid row, tap and channel: contiguous blocks); the exact path's per-tap window
-#: products (per row of ``b``, tap and channel, plus per run of channels: a strided window
-#: is a loop per row) and its output (per value of ``b``). Fitted to 24 NXC layers (16-384
-#: channels, 3x3 and 7x7, strides 1 and 2, batches 1 and 8; 2-CPU AMD EPYC): the choice is
-#: right on 22, within 12% of the faster on the others.
+#: depthwise forward and backward_weights, per element: the grid's phase split (per value of
+#: ``a``) and its per-tap passes (per grid row, tap and channel: contiguous blocks); the exact
+#: path's per-tap window products (per row of ``b``, tap and channel, plus per run of
+#: channels: a strided window is a loop per row) and its output (per value of ``b``). Fitted
+#: to forward on 24 NXC layers (16-384 channels, 3x3 and 7x7, strides 1 and 2, batches 1 and
+#: 8; 2-CPU AMD EPYC): right on 22, within 12% of the faster on the others; backward_weights
+#: on the same layers: right on 20, within 25%.
 DW_SPLIT_S = 0.55e-9
 DW_GRID_TAP_S = 0.24e-9
 DW_EXACT_TAP_S = 0.35e-9
@@ -286,10 +276,10 @@ DW_EXACT_RUN_S = 4.75e-9
 DW_EXACT_OUT_S = 0.31e-9
 
 
-def _depthwise_forward(z: _Sizes) -> dict[str, float]:
-    """One channel per group, forward: the grid (phase split, then per tap a multiply and an
-    add over contiguous blocks) against the exact path (per tap, a product of the window of
-    ``a`` read in place, added into ``b``): the grid wins with many taps or few channels, the
+def _depthwise(z: _Sizes) -> dict[str, float]:
+    """One channel per group, forward and backward_weights: the grid (phase split, then per
+    tap a pass over contiguous blocks) against the exact path (per tap, a product with the
+    window of ``a`` read in place): the grid wins with many taps or few channels, the
     exact path with a strided 3x3 kernel on wide channels, where the split is the larger
     part."""
     gather = z.item * (z.ma * z.ca * DW_SPLIT_S + z.rows * z.t * z.cb * DW_GRID_TAP_S)
