@@ -241,6 +241,14 @@ def _lax(case: Case, arrays):
     dn = (f"N{sp}C", f"{sp}IO", f"N{sp}C")
     hi = lax.Precision.HIGHEST
     acc = jnp.float32
+    pads = list(zip(p.pads_begin, p.pads_end))
+
+    def conv(x, w, **kwargs):
+        """The case's forward convolution (of the transposed ops: the one they transpose)."""
+        return lax.conv_general_dilated(x, w, p.strides, pads, rhs_dilation=p.dilations,
+                                        dimension_numbers=dn, feature_group_count=p.groups,
+                                        precision=hi, **kwargs)
+
     if case.op == "conv_transpose":
         x, w = (jnp.asarray(a) for a in arrays)
         g, k = p.groups, p.kernel
@@ -249,60 +257,42 @@ def _lax(case: Case, arrays):
         wr = jnp.moveaxis(wr, -2, -3).reshape(*k, p.a_channels, p.b_channels // g)
         wr = jnp.swapaxes(wr, -1, -2)[tuple(slice(None, None, -1) for _ in range(d))]
         eks = p.effective_kernel
-        pads = [(ek - 1 - b, ek - 1 - e + o)
-                for ek, b, e, o in zip(eks, p.pads_begin, p.pads_end, p.output_padding)]
+        t_pads = [(ek - 1 - b, ek - 1 - e + o)
+                  for ek, b, e, o in zip(eks, p.pads_begin, p.pads_end, p.output_padding)]
         fn = jax.jit(lambda x, w: lax.conv_general_dilated(
-            x, w, (1,) * d, pads, lhs_dilation=p.strides, rhs_dilation=p.dilations,
+            x, w, (1,) * d, t_pads, lhs_dilation=p.strides, rhs_dilation=p.dilations,
             dimension_numbers=dn, feature_group_count=g, precision=hi,
             preferred_element_type=acc).astype(x.dtype))
         wr = jnp.asarray(wr)
         return lambda: fn(x, wr).block_until_ready()
     if case.op == "convolution":
         x, w = (jnp.asarray(a) for a in arrays)
-        pads = list(zip(p.pads_begin, p.pads_end))
-        fn = jax.jit(lambda x, w: lax.conv_general_dilated(
-            x, w, p.strides, pads, rhs_dilation=p.dilations, dimension_numbers=dn,
-            feature_group_count=p.groups, precision=hi, preferred_element_type=acc
-        ).astype(x.dtype))
+        fn = jax.jit(lambda x, w: conv(x, w, preferred_element_type=acc).astype(x.dtype))
         return lambda: fn(x, w).block_until_ready()
     if case.op == "convolution_backward_data":
         # jax's own transpose rule of the forward conv (vjp in the input), as users write it
         diff_dst, w = (jnp.asarray(a) for a in arrays)
-        pads = list(zip(p.pads_begin, p.pads_end))
         x0 = jnp.zeros(p.a_shape, diff_dst.dtype)
-
-        def fwd_x(w, x):
-            return lax.conv_general_dilated(x, w, p.strides, pads, rhs_dilation=p.dilations,
-                                            dimension_numbers=dn,
-                                            feature_group_count=p.groups, precision=hi)
-
-        fn = jax.jit(lambda w, dy: jax.vjp(partial(fwd_x, w), x0)[1](dy)[0])
+        fn = jax.jit(lambda w, dy: jax.vjp(lambda x: conv(x, w), x0)[1](dy)[0])
         return lambda: fn(w, diff_dst).block_until_ready()
     if case.op not in ("convolution_backward_weights", "conv_transpose_backward_weights"):
         return None
     # weight gradients: jax's own transpose rule of the forward conv (vjp), as users write it
     src, diff_dst = (jnp.asarray(a) for a in arrays)
     if case.op == "convolution_backward_weights":
-        pads = list(zip(p.pads_begin, p.pads_end))
         w0 = jnp.zeros(case.extra[0], src.dtype)
-
-        def fwd(x, w):
-            return lax.conv_general_dilated(x, w, p.strides, pads, rhs_dilation=p.dilations,
-                                            dimension_numbers=dn,
-                                            feature_group_count=p.groups, precision=hi)
-
         # src is an argument, not a closed-over constant XLA could transform at compile time
-        fn = jax.jit(lambda x, dy: jax.vjp(partial(fwd, x), w0)[1](dy)[0])
+        fn = jax.jit(lambda x, dy: jax.vjp(partial(conv, x), w0)[1](dy)[0])
         return lambda: fn(src, diff_dst).block_until_ready()
     # ConvTransposeBackwardWeights: vjp of lax.conv_transpose (groups 1 only)
     if p.groups != 1:
         return None
     w0 = jnp.zeros(case.extra[0], src.dtype)   # XOI
-    pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in
-            zip(p.effective_kernel, p.pads_begin, p.pads_end, p.output_padding)]
+    t_pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in
+              zip(p.effective_kernel, p.pads_begin, p.pads_end, p.output_padding)]
 
     def fwd_t(x, w):
-        return lax.conv_transpose(x, w, p.strides, pads, rhs_dilation=p.dilations,
+        return lax.conv_transpose(x, w, p.strides, t_pads, rhs_dilation=p.dilations,
                                   dimension_numbers=(f"N{sp}C", f"{sp}OI", f"N{sp}C"),
                                   transpose_kernel=True, precision=hi)
 
