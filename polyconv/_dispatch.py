@@ -9,7 +9,6 @@ small convolution on a fast backend.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from ._backends import (
@@ -32,6 +31,8 @@ def _alias(op: str, name: str, value, alias: str, alias_value):
     return alias_value
 
 
+#: the parameters that are arrays (the others are attributes, shapes and options)
+_ARRAY_PARAMETERS = ("src", "diff_dst", "weights", "bias")
 _ALIASES = (("dst_shape", "output_shape"), ("weights_shape", "filter_shape"),
             ("weights_format", "filter_format"))
 _ATTRIBUTES = tuple(f.name for f in dataclasses.fields(Attrs))
@@ -45,22 +46,15 @@ def _prepare(spec: OpSpec, arguments: dict[str, Any]):
         args[name] = _alias(spec.name, name, args.get(name), alias, args.pop(alias, None))
     if args["weights_format"] is None:
         args["weights_format"] = spec.weights_format
-    inputs = {name: args.get(name) for name in ("src", "diff_dst", "weights", "bias")}
+    inputs = {name: args.get(name) for name in _ARRAY_PARAMETERS}
     attrs = Attrs(**{key: args[key] for key in _ATTRIBUTES if key in args})
     return inputs, attrs, args["dst_shape"], args["weights_shape"]
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan_cached(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
-                 dtype: str) -> ConvPlan:
-    return resolve(spec, dict(shapes), attrs, dst_shape=dst_shape,
-                   weights_shape=weights_shape).with_(dtype=dtype)
 
 
 def _plain(values: tuple) -> bool:
     """Every value an int, str or None, or a tuple of ints: values that hash and compare by
     value and type alike (``True == 1`` and ``1.0 == 1``, which validation tells apart, are
-    not plain). Flat loops: this runs on every call."""
+    not plain), so they may key :data:`_DISPATCH`. Flat loops: this runs on every call."""
     for value in values:
         kind = type(value)
         if kind is tuple:
@@ -71,21 +65,6 @@ def _plain(values: tuple) -> bool:
             return False
     return True
 
-
-def _plan(spec: OpSpec, shapes: tuple, attrs: Attrs, dst_shape, weights_shape,
-          dtype: str) -> ConvPlan:
-    """The resolved plan of a call, cached on its shapes, attributes and dtype (resolving
-    costs tens of microseconds, which show next to a fast backend's small calls) where they
-    are all plain values; other calls (lists, numpy integers, bools) resolve uncached. Only
-    valid plans are cached: a failing resolution raises every time."""
-    if _plain((*(shape for _, shape in shapes), dst_shape, weights_shape,
-               *(getattr(attrs, name) for name in _ATTRIBUTES))):
-        return _plan_cached(spec, shapes, attrs, dst_shape, weights_shape, dtype)
-    return _plan_cached.__wrapped__(spec, shapes, attrs, dst_shape, weights_shape, dtype)
-
-
-#: the parameters that are arrays (the others are attributes, shapes and options)
-_ARRAY_PARAMETERS = frozenset(("src", "diff_dst", "weights", "bias"))
 
 #: a call's dispatch key (see :func:`_dispatch_key`) -> its backend's name, plan and the input
 #: whose array type the result takes; filled by calls that passed every check. The backend is
@@ -123,9 +102,10 @@ def _dispatch(spec: OpSpec, arguments: dict[str, Any]) -> tuple[str, ConvPlan, s
     else:
         check_one_library(op, present)
     get_backend(backend, op)                     # known and installed
-    shapes = tuple((name, tuple(x.shape)) for name, x in present.items())
+    shapes = {name: tuple(x.shape) for name, x in present.items()}
     precision = arguments["precision"]
-    plan = _plan(spec, shapes, attrs, dst_shape, weights_shape, dtype)
+    plan = resolve(spec, shapes, attrs, dst_shape=dst_shape,
+                   weights_shape=weights_shape).with_(dtype=dtype)
     if precision is not None:
         plan = plan.with_(precision=precision)
     check_precision(op, precision)
