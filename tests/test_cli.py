@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
+import numpy as np
 import oracle
 import pytest
 
@@ -409,6 +411,60 @@ def test_bench_cases_filter_matching_nothing_is_an_error(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "'no such case' matches no case name" in err and "ConvTranspose 3D" in err
+
+
+def test_bench_competitors_selects_and_refuses(tmp_path, capsys):
+    # --competitors runs only the named ones; without polyconv-numpy (the baseline) the table
+    # gives times without ratios; an unknown name is an error naming the competitors
+    from polyconv.benchmarks import suite
+
+    out = tmp_path / "bench.json"
+    assert suite.main(["--repeats", "1", "--warmup", "0", "--lead-in", "0", "--cases",
+                       "depthwise", "--competitors", "polyconv-numpy", "--json", str(out)]) == 0
+    (case,) = json.loads(out.read_text())["cases"]
+    assert set(case["median_s"]) == {"polyconv-numpy"}
+    pytest.importorskip("jax")
+    assert suite.main(["--repeats", "1", "--warmup", "0", "--lead-in", "0", "--cases",
+                       "depthwise", "--competitors", "polyconv-jax", "--json", str(out)]) == 0
+    (case,) = json.loads(out.read_text())["cases"]
+    assert set(case["median_s"]) == {"polyconv-jax"}
+    assert case["speed_vs_numpy"]["polyconv-jax"] is None
+    row = [line for line in capsys.readouterr().out.splitlines()
+           if line.startswith("ConvTranspose 2D depthwise g64")][-1]
+    assert "ms" in row and " x" not in row
+    with pytest.raises(SystemExit) as exc:
+        suite.main(["--competitors", "polyconv-numpy,nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown nope" in err and "polyconv-torch" in err
+
+
+def test_bench_lead_in_lasts_its_calls_and_its_time(monkeypatch):
+    from polyconv.benchmarks import suite
+
+    monkeypatch.setattr(suite, "LEAD_IN_SECONDS", 0.02)
+    calls = []
+    t0 = time.perf_counter()
+    suite._lead_in(lambda: calls.append(1), 3)
+    assert time.perf_counter() - t0 >= 0.02 and len(calls) >= 3
+    calls.clear()
+    monkeypatch.setattr(suite, "LEAD_IN_SECONDS", 0.0)
+    suite._lead_in(lambda: calls.append(1), 3)
+    assert len(calls) == 3
+
+
+def test_bench_torch_tensors_are_torch_allocated():
+    # numpy's allocations may be 16-byte aligned only, which slows oneDNN: every torch
+    # competitor gets a copy in torch's memory, equal to the array
+    torch = pytest.importorskip("torch")
+    from polyconv.benchmarks import suite
+
+    a = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    view = np.moveaxis(a, -1, 1)
+    t = suite.torch_tensor(view, torch.float32)
+    assert t.is_contiguous() and t.data_ptr() % 64 == 0
+    assert t.data_ptr() != a.ctypes.data
+    np.testing.assert_array_equal(t.numpy(), view)
 
 
 def test_bench_threads_reruns_pinned(tmp_path):

@@ -123,12 +123,13 @@ def _torch_dtype(case: Case):
 
 
 def torch_tensor(a: np.ndarray, dtype: Any):
-    """``a`` as a torch tensor in torch's own memory, as a PyTorch user's tensors are: memory
-    that numpy allocated may be only 16-byte aligned, which slows oneDNN's kernels (a 0.2 ms
-    depthwise layer by 1.3x), so no competitor gets it."""
+    """``a`` as a contiguous torch tensor in torch's own memory, as a PyTorch user's tensors
+    are: memory that numpy allocated may be only 16-byte aligned, which slows oneDNN's kernels
+    (a 0.2 ms depthwise layer by 1.3x), so no competitor gets it. (``torch.tensor`` keeps a
+    strided array's strides, hence the contiguous copy first.)"""
     import torch
 
-    return torch.tensor(np.asarray(a, np.float32), dtype=dtype)
+    return torch.tensor(np.ascontiguousarray(a, np.float32), dtype=dtype)
 
 
 def _polyconv_array_api_torch(case: Case, arrays):
