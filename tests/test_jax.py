@@ -106,7 +106,7 @@ def test_grad_of_a_strided_convolution_has_no_lhs_dilation(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("groups", [1, 2])
 def test_low_precision_grad_and_jvp_of_a_strided_convolution(dtype, groups):
-    """The custom JVP covers float16/bfloat16 too: reverse mode yields the backward ops
+    """The derivative rules cover float16/bfloat16 too: reverse mode yields the backward ops
     (checked against the float64 oracle within the error bound for the cotangent rounded to
     the inputs' dtype), forward mode the convolution of the tangents."""
     from oracle import random_array

@@ -133,3 +133,34 @@ def test_bias_gradient_is_the_reduction():
     db = jax.grad(lambda b: jnp.vdot(polyconv.conv_transpose(s, wt, b, **T_ATTRS,
                                                              weights_format="OIX"), g))(bias)
     np.testing.assert_allclose(np.asarray(db), np.asarray(g).sum(axis=(0, 1, 2)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("mapped", [(True, False), (False, True), (True, True)],
+                         ids=["first", "second", "both"])
+@pytest.mark.parametrize("op", OPS)
+def test_vmap_of_every_op_and_its_gradient_equal_a_loop(op, mapped, fmt):
+    """``vmap`` (the mapped axis folded into the batch, or into the groups) equals a loop
+    over the mapped axis, taken from the middle of each operand; so do its forward and
+    reverse derivatives (the adjoint primitives then run batched)."""
+    rng = np.random.default_rng(6)
+    fn, args = _ops(rng, fmt)[op]
+    size = 3
+    axes = [1 if m else None for m in mapped]
+    ops = [jnp.asarray(rng.uniform(-1, 1, (a.shape[0], size, *a.shape[1:]))) if m else a
+           for a, m in zip(args, mapped)]
+
+    def loop(*ops):
+        return jnp.stack([fn(*(jnp.take(o, i, axis=1) if ax else o for o, ax in zip(ops, axes)))
+                          for i in range(size)])
+
+    mapped_fn = jax.vmap(fn, in_axes=axes)
+    np.testing.assert_allclose(mapped_fn(*ops), loop(*ops), rtol=1e-12, atol=1e-12)
+    g = jnp.asarray(rng.uniform(-1, 1, loop(*ops).shape))
+    got = jax.grad(lambda *o: jnp.vdot(mapped_fn(*o), g), argnums=(0, 1))(*ops)
+    want = jax.grad(lambda *o: jnp.vdot(loop(*o), g), argnums=(0, 1))(*ops)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    tangents = [jnp.asarray(rng.uniform(-1, 1, o.shape)) for o in ops]
+    np.testing.assert_allclose(jax.jvp(mapped_fn, ops, tangents)[1],
+                               jax.jvp(loop, ops, tangents)[1], rtol=1e-12, atol=1e-12)

@@ -11,13 +11,14 @@ per plan and device on first use, or taken from a default policy (:mod:`._choice
 The modules, one per concern: :mod:`._xla` (precision, dimension numbers, the CPU-aware
 convolution call), :mod:`._forward`, :mod:`._backward_data` and :mod:`._backward_weights`
 (the lowerings of each primitive and its CPU policy), :mod:`._choice` (forcing, measuring,
-policy), :mod:`._primitives` (the jitted primitives and their derivative rules: every
-cotangent is computed by polyconv's own primitives). The docs page "JAX lowerings" has the
-formulas and the measurements.
+policy), :mod:`._primitives` (the three JAX primitives, their derivative and batching rules:
+every cotangent is computed by polyconv's own primitives, and the jitted entry points).
+The docs page "JAX lowerings" has the formulas and the measurements.
 
-Each primitive is a ``jax.jit`` function with the plan, precision and choice settings as
-static arguments: eager calls compile once per plan, and inside a user's ``jax.jit``,
-``jax.grad``, ``jax.vmap`` or ``shard_map`` it is inlined like any jax function. Sharded
+Each primitive is entered through a ``jax.jit`` function with the plan, precision and choice
+settings as static arguments: eager calls compile once per plan, and inside a user's
+``jax.jit``, ``jax.grad``, ``jax.vmap`` or ``shard_map`` it composes like JAX's own
+convolution. Sharded
 inputs keep their sharding (XLA propagates it; the batch axis stays sharded, weight
 gradients come back replicated).
 

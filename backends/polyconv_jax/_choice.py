@@ -80,8 +80,6 @@ _FORCED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "polyconv_jax_forced_lowering", default=None)
 _AUTOTUNE: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "polyconv_jax_autotune", default=None)
-_ADJOINT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "polyconv_jax_adjoint_slot", default=None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,20 +152,6 @@ def autotune_enabled() -> bool:
     return text not in ("0", "off", "false", "no", "")
 
 
-@contextlib.contextmanager
-def as_adjoint(slot: int):
-    """Choices made in the block are for a primitive that reverse mode will run as the
-    transpose of its transpose in input ``slot`` (a cotangent, see
-    :func:`polyconv_jax._primitives._jvp`). JAX's transpose of a transpose is the same
-    arithmetic but not always the same program (a stack of windows comes back as a sum of
-    padded copies), so such choices are measured in that form, and kept apart."""
-    token = _ADJOINT.set(slot)
-    try:
-        yield
-    finally:
-        _ADJOINT.reset(token)
-
-
 def settings() -> tuple:
     """The choice settings in force, hashable: part of each primitive's jit cache key, so a
     change of setting retraces instead of reusing another setting's lowering."""
@@ -211,13 +195,6 @@ def policy(primitive: str, plan: ConvPlan, platform: str | None = None) -> str:
     return LOWERINGS[primitive][0]
 
 
-def forward_transpose_aborts(plan: ConvPlan, precision) -> bool:
-    """Whether JAX's transpose of the forward primitive's lowering for ``plan`` would be an
-    lhs-dilated convolution that XLA CPU may abort compiling (``direct`` on such a plan)."""
-    return (jax.default_backend() == "cpu" and any(s > 1 for s in plan.strides)
-            and direct_aborts_xla_cpu(plan) and choose("forward", plan, precision) == "direct")
-
-
 def choose(primitive: str, plan: ConvPlan, precision) -> str:
     """The lowering that computes ``primitive`` for ``plan`` (see the module docstring)."""
     forced = requested(primitive)
@@ -252,14 +229,12 @@ _GEOMETRY = ("batch", "a_channels", "b_channels", "groups", "a_spatial", "b_spat
              "channels_last", "weights_perm", "dtype")
 
 
-def plan_key(primitive: str, plan: ConvPlan, precision, adjoint: int | None = None) -> str:
-    """The measurement's key: device, JAX version, primitive, geometry, dtype, precision (and
-    the input slot when the primitive runs as a cotangent, see :func:`as_adjoint`)."""
+def plan_key(primitive: str, plan: ConvPlan, precision) -> str:
+    """The measurement's key: device, JAX version, primitive, geometry, dtype, precision."""
     device = jax.devices()[0]
     geometry = ",".join(f"{f}={getattr(plan, f)}" for f in _GEOMETRY)
-    key = "|".join((device.platform, device.device_kind, jax.__version__, primitive, geometry,
-                    repr(precision)))
-    return key if adjoint is None else f"{key}|adjoint{adjoint}"
+    return "|".join((device.platform, device.device_kind, jax.__version__, primitive,
+                     geometry, repr(precision)))
 
 
 def _cache_file() -> Path | None:
@@ -314,27 +289,13 @@ def _time(fn, args) -> float:
     return time.perf_counter() - t0
 
 
-def _runnable(primitive: str, plan: ConvPlan, precision, name: str, adjoint: int | None):
-    """The lowering as a jitted function of the primitive's two operands; with ``adjoint``,
-    as reverse mode runs it for a cotangent: the transpose of its transpose in that input."""
-    impl = partial(IMPLEMENTATIONS[primitive][name], plan, precision)
-    if adjoint is None:
-        return jax.jit(impl)
-
-    def twice(*args):
-        def linear(v):
-            return impl(*(v if i == adjoint else a for i, a in enumerate(args)))
-
-        once = jax.linear_transpose(linear, args[adjoint])
-        out = jax.eval_shape(linear, args[adjoint])
-        (y,) = jax.linear_transpose(lambda c: once(c)[0], out)(args[adjoint])
-        return y
-
-    return jax.jit(twice)
+def _runnable(primitive: str, plan: ConvPlan, precision, name: str):
+    """The lowering as a jitted function of the primitive's two operands."""
+    return jax.jit(partial(IMPLEMENTATIONS[primitive][name], plan, precision))
 
 
 def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEASURE_ROUNDS,
-            timer=_time, adjoint: int | None = None) -> dict[str, float]:
+            timer=_time) -> dict[str, float]:
     """Seconds per call of each lowering in ``names``: the fastest of its timed calls.
 
     Every candidate is compiled, called once untimed (the first run of a fresh executable
@@ -350,13 +311,12 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
         # even while the caller is being traced (jit, grad, vmap)
         with concurrent.futures.ThreadPoolExecutor(1, _WORKER) as pool:
             return pool.submit(measure, primitive, plan, precision, names, rounds,
-                               timer, adjoint).result()
+                               timer).result()
     args = _inputs(primitive, plan)
     fns, first = {}, {}
     for name in names:
         try:
-            fns[name] = _runnable(primitive, plan, precision, name, adjoint
-                                  ).lower(*args).compile()
+            fns[name] = _runnable(primitive, plan, precision, name).lower(*args).compile()
             jax.block_until_ready(fns[name](*args))   # warm-up, untimed
             first[name] = timer(fns[name], args)
         except Exception:  # a lowering XLA cannot compile or run here never wins
@@ -373,7 +333,7 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
 def _cached(primitive: str, plan: ConvPlan, precision, names) -> str | None:
     with _lock:
         _load(_cache_file())
-        known = _measurements.get(plan_key(primitive, plan, precision, _ADJOINT.get()))
+        known = _measurements.get(plan_key(primitive, plan, precision))
     return known if known in names else None
 
 
@@ -381,9 +341,8 @@ def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
     known = _cached(primitive, plan, precision, names)
     if known is not None:
         return known
-    slot = _ADJOINT.get()
-    key, path = plan_key(primitive, plan, precision, slot), _cache_file()
-    times = measure(primitive, plan, precision, names, adjoint=slot)
+    key, path = plan_key(primitive, plan, precision), _cache_file()
+    times = measure(primitive, plan, precision, names)
     choice = min(names, key=lambda n: times[n])
     if times[names[0]] <= (1 + MEASURE_TIE) * times[choice]:
         choice = names[0]       # the policy's lowering, unless measurably slower

@@ -1,4 +1,4 @@
-"""The three primitives as jitted functions, closed under differentiation.
+"""The three primitives as JAX primitives, closed under differentiation and batching.
 
 Each primitive (``forward`` ``a, W -> b``, ``backward_data`` ``b, W -> a``,
 ``backward_weights`` ``a, b -> W``) is bilinear, and the adjoint identities of the canonical
@@ -13,12 +13,26 @@ backward_data D     F(g, W)                    Wt(g, b)
 backward_weights    D(b, g)                    F(a, g)
 ==================  =========================  =========================
 
-So each primitive carries a custom JVP whose tangent is written as the *transpose* of those
-primitives (``jax.linear_transpose``): reverse mode transposes the tangent back and runs the
-primitives themselves, each with its own chosen lowering, instead of differentiating through
-a lowering (which lands on XLA's slow weight-gradient and lhs-dilated paths). ``jax.jvp``,
-``vmap`` and higher orders see ordinary JAX operations; a second derivative again runs
-through these rules. The bias is added outside, so its gradient is JAX's reduction.
+So each is a JAX primitive (``polyconv_forward`` ...) whose parameters are the plan, the
+precision and the chosen lowering, with the rules JAX asks of a primitive:
+
+- **differentiation**: bilinear (``jvp`` is the primitive applied to each tangent), and the
+  transpose of each input is the adjoint primitive of the table, with its own chosen
+  lowering. Reverse mode therefore runs polyconv's backward primitives themselves, never JAX's
+  transpose of a lowering (which lands on XLA's slow weight-gradient and lhs-dilated paths,
+  or on a transposed program XLA compiles worse); a second derivative runs through the same
+  rules;
+- **batching** (``vmap``): the mapped axis is folded into the batch (data mapped, weights
+  shared) or into the groups (anything else, the way JAX batches its own convolution), and
+  the primitive runs once on the folded plan;
+- **lowering**: the chosen lowering, inlined as ordinary ``lax`` operations, so ``jit``,
+  sharding and export see plain StableHLO; the output's type (shape, dtype, sharding) is
+  that of the traced lowering.
+
+Every primitive maps operands of the plan's dtype to the accumulation dtype; a cotangent
+comes back in the plan's dtype (the one rounding of each primitive's result, exact in
+reverse mode, whose cotangents come in the plan's dtype). The bias is added outside, so its
+gradient is JAX's reduction.
 """
 
 from __future__ import annotations
@@ -28,87 +42,130 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from polyconv import ConvPlan
 
 from . import _choice
 
-
-def _core(primitive: str, plan: ConvPlan, precision, x, y):
-    """The primitive by its chosen lowering, in the accumulation dtype."""
-    name = _choice.choose(primitive, plan, precision)
-    return _choice.IMPLEMENTATIONS[primitive][name](plan, precision, x, y)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def forward_ad(plan: ConvPlan, precision, a, w):
-    return _core("forward", plan, precision, a, w)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def backward_data_ad(plan: ConvPlan, precision, b, w):
-    return _core("backward_data", plan, precision, b, w)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def backward_weights_ad(plan: ConvPlan, precision, a, b):
-    if plan.batch == 0:  # nothing to contract: XLA would form a degenerate convolution
-        return jnp.zeros(plan.weights_shape, plan.acc_dtype)
-    return _core("backward_weights", plan, precision, a, b)
-
-
-#: per primitive: its output's role, and for the cotangent of each input the primitive that
-#: computes it and that primitive's input slot the cotangent goes in (the table above); its
-#: other input is the primitive's other operand
+#: per primitive: for the cotangent of each input, the primitive that computes it and that
+#: primitive's input slot the cotangent goes in (the table above); its other input is the
+#: primitive's other operand
 _ADJOINTS = {
-    "forward": ("b", (("backward_data", 0), ("backward_weights", 1))),
-    "backward_data": ("a", (("forward", 0), ("backward_weights", 0))),
-    "backward_weights": ("w", (("backward_data", 1), ("forward", 1))),
+    "forward": (("backward_data", 0), ("backward_weights", 1)),
+    "backward_data": (("forward", 0), ("backward_weights", 0)),
+    "backward_weights": (("backward_data", 1), ("forward", 1)),
 }
-_AD = {"forward": forward_ad, "backward_data": backward_data_ad,
-       "backward_weights": backward_weights_ad}
 
 
-def _jvp(primitive: str, plan: ConvPlan, precision, primals, tangents):
-    """``P(x, y)``'s tangent ``sum_i L_i^T(t_i)``, ``L_i`` the adjoint primitive of input ``i``
-    as a function of the cotangent: reverse mode transposes it back and runs ``L_i``.
-
-    ``L_i`` maps operands of the plan's dtype to the accumulation dtype, so its transpose
-    takes the tangent in the accumulation dtype and returns the plan's dtype: forward mode
-    rounds a 16-bit tangent once more; reverse mode, whose cotangents come in the plan's
-    dtype, loses nothing. ``L_i``'s lowering is chosen for the form reverse mode runs
-    (:func:`polyconv_jax._choice.as_adjoint`).
-    """
-    out = _AD[primitive](plan, precision, *primals)
-    role, adjoints = _ADJOINTS[primitive]
-    shape = {"a": plan.a_shape, "b": plan.b_shape, "w": plan.weights_shape}[role]
-    struct = jax.ShapeDtypeStruct(shape, primals[0].dtype)
-    t = jnp.zeros_like(out)
-    for i, (tangent, (adjoint, slot)) in enumerate(zip(tangents, adjoints)):
-        if isinstance(tangent, SymbolicZero):
-            continue
-        other = primals[1 - i]
-        if (primitive, i) == ("backward_data", 0) and _choice.forward_transpose_aborts(
-                plan, precision):
-            # the transpose of the forward convolution would be an lhs-dilated convolution
-            # that XLA CPU aborts on: this term is backward_data itself (reverse mode
-            # transposes it)
-            t = t + backward_data_ad(plan, precision, tangent, other).astype(out.dtype)
-            continue
-
-        def linear(g, adjoint=adjoint, slot=slot, other=other):
-            return _AD[adjoint](plan, precision, *((g, other) if slot == 0 else (other, g)))
-
-        with _choice.as_adjoint(slot):
-            transposed = jax.linear_transpose(linear, struct)
-        (term,) = transposed(tangent.astype(out.dtype))
-        t = t + term.astype(out.dtype)
-    return out, t
+def _compute(x, y, *, primitive: str, plan: ConvPlan, precision, lowering: str):
+    """The primitive by the named lowering, in the accumulation dtype."""
+    if primitive == "backward_weights" and plan.batch == 0:
+        # nothing to contract: XLA would form a degenerate convolution
+        return jnp.zeros(plan.weights_shape, plan.acc_dtype)
+    return _choice.IMPLEMENTATIONS[primitive][lowering](plan, precision, x, y)
 
 
-for _name, _fn in _AD.items():
-    _fn.defjvp(functools.partial(_jvp, _name), symbolic_zeros=True)
+@functools.lru_cache(maxsize=4096)
+def _out_aval(primitive: str, plan: ConvPlan, precision, lowering: str, x, y):
+    from jax._src.interpreters import partial_eval as pe  # the traced lowering's type
+
+    def fn(x, y):
+        return [_compute(x, y, primitive=primitive, plan=plan, precision=precision,
+                         lowering=lowering)]
+
+    debug = jax.api_util.debug_info("polyconv", fn, (x, y), {})
+    (out,) = pe.abstract_eval_fun(fn, x, y, debug_info=debug)
+    return out
+
+
+def _abstract_eval(primitive: str, x, y, **params):
+    return _out_aval(primitive, params["plan"], params["precision"], params["lowering"], x, y)
+
+
+def bind(primitive: str, plan: ConvPlan, precision, x, y):
+    """Apply ``primitive`` to ``x, y`` with the lowering chosen for ``plan`` now."""
+    lowering = _choice.choose(primitive, plan, precision)
+    return _PRIMITIVES[primitive].bind(x, y, plan=plan, precision=precision,
+                                       lowering=lowering)
+
+
+def _transpose(primitive: str, slot: int, ct, x, y, *, plan: ConvPlan, precision, lowering):
+    """The cotangent of input ``slot``: the adjoint primitive (table above) applied to the
+    cotangent, rounded to the plan's dtype, and the other input."""
+    del lowering
+    adjoint, position = _ADJOINTS[primitive][slot]
+    other = y if slot == 0 else x
+    g = ct.astype(other.dtype)
+    args = (g, other) if position == 0 else (other, g)
+    return bind(adjoint, plan, precision, *args).astype(other.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# batching: the mapped axis folded into the batch or the groups
+# --------------------------------------------------------------------------------------------
+
+#: per primitive: the role of each input and of the output (``"data"`` ``[N, C, ..]`` or
+#: ``"weights"`` in the user's layout)
+_ROLES = {"forward": ("data", "weights", "data"),
+          "backward_data": ("data", "weights", "data"),
+          "backward_weights": ("data", "data", "weights")}
+
+
+def _fold(x, dim, size: int, axis: int):
+    """``x`` with its mapped axis ``dim`` (``None``: not mapped, broadcast) merged into axis
+    ``axis`` of the unmapped array, the mapped index outermost."""
+    if dim is None:
+        x, dim = jnp.broadcast_to(x[None], (size, *x.shape)), 0
+    x = jnp.moveaxis(x, dim, axis)
+    return x.reshape(*x.shape[:axis], size * x.shape[axis + 1], *x.shape[axis + 2:])
+
+
+def _unfold(y, size: int, axis: int):
+    """The inverse of :func:`_fold`: axis ``axis`` split, the mapped index first."""
+    y = y.reshape(*y.shape[:axis], size, y.shape[axis] // size, *y.shape[axis + 1:])
+    return jnp.moveaxis(y, axis, 0)
+
+
+def _batch(primitive: str, args, dims, *, plan: ConvPlan, precision, lowering):
+    del lowering
+    x, y = args
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    roles = _ROLES[primitive]
+    channel = plan.channel_axis % (plan.ndim + 2)
+    if size == 0:
+        shape = {"data": plan.b_shape if primitive == "forward" else plan.a_shape,
+                 "weights": plan.weights_shape}[roles[2]]
+        return jnp.zeros((0, *shape), plan.acc_dtype), 0
+    if roles[1] == "weights" and dims[1] is None:
+        # data mapped, weights shared: one call on a batch of size * N
+        folded = plan.with_(batch=size * plan.batch)
+        out = bind(primitive, folded, precision, _fold(x, dims[0], size, 0), y)
+        return _unfold(out, size, 0), 0
+    # otherwise: one call with size * G groups, each operand's channels stacked (a shared
+    # data operand repeated), like JAX's batching of its own convolution
+    axes = {"data": channel, "weights": plan.weights_perm[0]}
+    folded = plan.with_(groups=size * plan.groups, a_channels=size * plan.a_channels,
+                        b_channels=size * plan.b_channels)
+    operands = [_fold(a, d, size, axes[role]) for a, d, role in zip(args, dims, roles)]
+    out = bind(primitive, folded, precision, *operands)
+    return _unfold(out, size, axes[roles[2]]), 0
+
+
+def _make(primitive: str) -> Primitive:
+    p = Primitive(f"polyconv_{primitive}")
+    compute = functools.partial(_compute, primitive=primitive)
+    p.def_impl(jax.jit(compute, static_argnames=("plan", "precision", "lowering")))
+    p.def_abstract_eval(functools.partial(_abstract_eval, primitive))
+    mlir.register_lowering(p, mlir.lower_fun(compute, multiple_results=False))
+    ad.defbilinear(p, functools.partial(_transpose, primitive, 0),
+                   functools.partial(_transpose, primitive, 1))
+    batching.primitive_batchers[p] = functools.partial(_batch, primitive)
+    return p
+
+
+_PRIMITIVES = {name: _make(name) for name in _ADJOINTS}
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,19 +185,19 @@ def _finish(plan: ConvPlan, y, bias, channel_axis: int):
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def forward(plan: ConvPlan, precision, settings, a, w, bias=None):
     del settings  # part of the cache key only: the choice reads the settings in force
-    return _finish(plan, forward_ad(plan, precision, a, w), bias, plan.channel_axis)
+    return _finish(plan, bind("forward", plan, precision, a, w), bias, plan.channel_axis)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def backward_data(plan: ConvPlan, precision, settings, b, w, bias=None):
     del settings
-    return _finish(plan, backward_data_ad(plan, precision, b, w), bias, plan.channel_axis)
+    return _finish(plan, bind("backward_data", plan, precision, b, w), bias, plan.channel_axis)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def backward_weights(plan: ConvPlan, precision, settings, a, b):
     del settings
-    return backward_weights_ad(plan, precision, a, b).astype(plan.dtype)
+    return bind("backward_weights", plan, precision, a, b).astype(plan.dtype)
 
 
 # --------------------------------------------------------------------------------------------
