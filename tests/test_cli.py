@@ -478,3 +478,34 @@ def test_bench_threads_reruns_pinned(tmp_path):
     results = json.loads(out.read_text())
     assert results["machine"]["threads"] == 1
     assert "every library on 1 thread(s)" in proc.stdout
+
+
+def test_bench_lax_peer_computes_each_op():
+    """The hand-written ``lax`` peer computes the op it is timed against: small cases of each
+    kind of the suite, with IC != OC so that a swapped weights layout shows."""
+    pytest.importorskip("jax")
+    from polyconv.benchmarks import suite
+
+    cases = [
+        suite._ct("ConvTranspose", 2, (5, 6), 4, 6, 3, 2, 1, 1),
+        suite._ct("grouped", 2, (5, 6), 4, 6, 3, 2, 1, 1, groups=2),
+        suite._ct("1-D", 2, (9,), 4, 6, 4, 2, 1, 0),
+        suite._ct("3-D", 1, (3, 4, 3), 4, 6, 3, 2, 1, 1),
+        suite.Case("Convolution", "convolution", ((2, 7, 6, 4), (3, 3, 4, 6)),
+                   dict(strides=2, pads_begin=1, pads_end=0)),
+        suite.Case("ConvolutionBackwardData", "convolution_backward_data",
+                   ((2, 4, 3, 6), (3, 3, 4, 6)), dict(strides=2, pads_begin=1, pads_end=1),
+                   extra=((7, 6),)),
+        suite.Case("ConvolutionBackwardWeights", "convolution_backward_weights",
+                   ((2, 7, 6, 4), (2, 7, 6, 6)), dict(pads_begin=1, pads_end=1),
+                   extra=((3, 3, 4, 6),)),
+        suite.Case("ConvTransposeBackwardWeights", "conv_transpose_backward_weights",
+                   ((2, 5, 4, 4), (2, 10, 8, 6)),
+                   dict(strides=2, pads_begin=1, pads_end=1, output_padding=1),
+                   extra=((3, 3, 6, 4),)),
+    ]
+    for case in cases:
+        arrays = suite._inputs(case)
+        want = getattr(polyconv, case.op)(*arrays, *case.extra, backend="numpy", **case.attrs)
+        got = np.asarray(suite._lax(case, arrays)())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case.name)

@@ -69,14 +69,21 @@ def _compute(x, y, *, primitive: str, plan: ConvPlan, precision, lowering: str):
 
 @functools.lru_cache(maxsize=4096)
 def _out_aval(primitive: str, plan: ConvPlan, precision, lowering: str, x, y):
-    from jax._src.interpreters import partial_eval as pe  # the traced lowering's type
-
+    """The output's type: that of the lowering traced on the inputs' types, so JAX's own
+    rules give its sharding (explicit meshes) and varying axes (``shard_map``)."""
     def fn(x, y):
         return [_compute(x, y, primitive=primitive, plan=plan, precision=precision,
                          lowering=lowering)]
 
-    debug = jax.api_util.debug_info("polyconv", fn, (x, y), {})
-    (out,) = pe.abstract_eval_fun(fn, x, y, debug_info=debug)
+    try:
+        from jax._src.interpreters.partial_eval import abstract_eval_fun
+
+        debug = jax.api_util.debug_info("polyconv", fn, (x, y), {})
+    except (ImportError, AttributeError):   # a JAX without them: shape and dtype only
+        out = jax.eval_shape(lambda x, y: fn(x, y)[0], *(
+            jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)))
+        return jax.core.ShapedArray(out.shape, out.dtype)
+    (out,) = abstract_eval_fun(fn, x, y, debug_info=debug)
     return out
 
 

@@ -294,7 +294,7 @@ def _lax(case: Case, arrays):
 
     def fwd_t(x, w):
         return lax.conv_transpose(x, w, p.strides, t_pads, rhs_dilation=p.dilations,
-                                  dimension_numbers=(f"N{sp}C", f"{sp}OI", f"N{sp}C"),
+                                  dimension_numbers=(f"N{sp}C", f"{sp}IO", f"N{sp}C"),
                                   transpose_kernel=True, precision=hi)
 
     fn = jax.jit(lambda x, dy: jax.vjp(partial(fwd_t, x), w0)[1](dy)[0])
