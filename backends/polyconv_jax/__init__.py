@@ -18,9 +18,8 @@ The docs page "JAX lowerings" has the formulas and the measurements.
 Each primitive is entered through a ``jax.jit`` function with the plan, precision and choice
 settings as static arguments: eager calls compile once per plan, and inside a user's
 ``jax.jit``, ``jax.grad``, ``jax.vmap`` or ``shard_map`` it composes like JAX's own
-convolution. Sharded
-inputs keep their sharding (XLA propagates it; the batch axis stays sharded, weight
-gradients come back replicated).
+convolution. Sharded inputs keep their sharding (XLA propagates it; the batch axis stays
+sharded, weight gradients come back replicated).
 
 Numerics: f16/bf16/f32 accumulate in float32 (``preferred_element_type``, or elementwise
 arithmetic in float32) with one final cast, f64 in float64 (needs ``jax_enable_x64``); f32

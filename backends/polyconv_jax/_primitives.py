@@ -142,8 +142,8 @@ def _batch(primitive: str, args, dims, *, plan: ConvPlan, precision, lowering):
     roles = _ROLES[primitive]
     channel = plan.channel_axis % (plan.ndim + 2)
     if size == 0:
-        shape = {"data": plan.b_shape if primitive == "forward" else plan.a_shape,
-                 "weights": plan.weights_shape}[roles[2]]
+        shape = {"forward": plan.b_shape, "backward_data": plan.a_shape,
+                 "backward_weights": plan.weights_shape}[primitive]
         return jnp.zeros((0, *shape), plan.acc_dtype), 0
     if roles[1] == "weights" and dims[1] is None:
         # data mapped, weights shared: one call on a batch of size * N
