@@ -164,3 +164,15 @@ def test_vmap_of_every_op_and_its_gradient_equal_a_loop(op, mapped, fmt):
     tangents = [jnp.asarray(rng.uniform(-1, 1, o.shape)) for o in ops]
     np.testing.assert_allclose(jax.jvp(mapped_fn, ops, tangents)[1],
                                jax.jvp(loop, ops, tangents)[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_vmap_over_an_empty_axis(op):
+    """A mapped axis of size 0, on either input, gives an empty result with the op's
+    unmapped output shape behind it."""
+    fn, args = _ops(np.random.default_rng(7), "NXC")[op]
+    want = fn(*args).shape
+    for i in range(2):
+        ops = [jnp.zeros((0, *a.shape)) if j == i else a for j, a in enumerate(args)]
+        out = jax.vmap(fn, in_axes=[0 if j == i else None for j in range(2)])(*ops)
+        assert out.shape == (0, *want)
