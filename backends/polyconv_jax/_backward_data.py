@@ -228,38 +228,53 @@ def _matmul_overlap_add(plan: ConvPlan, precision, b, w):
     is then the sum of its taps' shifted slices of that product (one fused XLA loop per
     phase), interleaved. Nothing is gathered before the product, so when ``Ca*prod(K)`` is
     small (few output channels: an image or volume decoder's last layer) this reads ``b``
-    once where the phase lowerings copy it once per tap. Ungrouped plans only.
+    once where the phase lowerings copy it once per tap; with one tap per phase (k2 s2) it is
+    the product and one interleaving copy. Ungrouped plans only.
+
+    Channels-first data is multiplied as it lies, weights first (``[K.., Ca, Cb] @ [Cb, N,
+    B..]``), so the product comes out channels-first too: no transposition of ``b`` or of the
+    product (U-Net's 128 -> 64 k2 s2 up-convolution: 3.0 ms against 4.8 ms with ``b`` as the
+    left operand).
     """
     axes = _phases(plan)
     nd = plan.ndim
     ca, cb = plan.a_channels, plan.b_channels
     wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca, K..]
-    wm = wc.reshape((cb, ca * math.prod(plan.kernel)))
-    y = lax.dot_general(b, wm, (((plan.channel_axis,), (0,)), ((), ())),
-                        precision=precision, preferred_element_type=plan.acc_dtype)
-    y = y.reshape((plan.batch, *plan.b_spatial, ca, *plan.kernel))   # [N, B.., Ca, K..]
+    if plan.channels_last:
+        wm = wc.reshape((cb, ca * math.prod(plan.kernel)))
+        y = lax.dot_general(b, wm, (((plan.channel_axis,), (0,)), ((), ())),
+                            precision=precision, preferred_element_type=plan.acc_dtype)
+        y = y.reshape((plan.batch, *plan.b_spatial, ca, *plan.kernel))   # [N, B.., Ca, K..]
+        spatial, taps = range(1, nd + 1), range(nd + 2, 2 * nd + 2)
+    else:
+        wm = jnp.transpose(wc, (*range(2, nd + 2), 1, 0)).reshape((-1, cb))
+        y = lax.dot_general(wm, b, (((1,), (1,)), ((), ())),
+                            precision=precision, preferred_element_type=plan.acc_dtype)
+        y = y.reshape((*plan.kernel, ca, plan.batch, *plan.b_spatial))   # [K.., Ca, N, B..]
+        spatial, taps = range(nd + 2, 2 * nd + 2), range(nd)
     config = [(0, 0, 0)] * y.ndim
-    for i, p in enumerate(axes):
-        config[1 + i] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
+    for ax, p in zip(spatial, axes):
+        config[ax] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
     y = lax.pad(y, jnp.zeros((), y.dtype), config)
     parts = {}
     for r in itertools.product(*(range(p.stride) for p in axes)):
         total = None
         for tap in itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
                                        for p, ri in zip(axes, r))):
-            start = [0, *(p.max_shift - m for p, (_, m) in zip(axes, tap)), 0,
-                     *(k for k, _ in tap)]
-            limit = [plan.batch, *(s0 + p.rows for s0, p in zip(start[1:], axes)), ca,
-                     *(k + 1 for k, _ in tap)]
-            term = lax.slice(y, start, limit).reshape(
-                (plan.batch, *(p.rows for p in axes), ca))
+            start, limit = [0] * y.ndim, list(y.shape)
+            for ax, p, (_, m) in zip(spatial, axes, tap):
+                start[ax], limit[ax] = p.max_shift - m, p.max_shift - m + p.rows
+            for ax, (k, _) in zip(taps, tap):
+                start[ax], limit[ax] = k, k + 1
+            term = lax.slice(y, start, limit)
+            term = term.reshape(tuple(n for i, n in enumerate(term.shape) if i not in taps))
             total = term if total is None else total + term
         if total is None:
             parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
         elif plan.channels_last:
             parts[r] = total
         else:
-            parts[r] = jnp.moveaxis(total, nd + 1, 1)
+            parts[r] = jnp.moveaxis(total, 0, 1)                 # [Ca, N, R..] -> [N, Ca, R..]
     return _interleave(plan, axes, parts)
 
 
