@@ -492,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_layer(layer, mode, comps, args.repeats, args.warmup, log)
             row["lowering"] = _chosen(layer)
             results["layers"].append(row)
+    results["machine"] = machine()     # after the runs: what they ran under
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

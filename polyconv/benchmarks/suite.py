@@ -452,6 +452,11 @@ def machine() -> dict[str, Any]:
     # kernels run float32 products at half the AVX-512 rate)
     if os.environ.get("OPENBLAS_CORETYPE"):
         info["openblas_coretype"] = os.environ["OPENBLAS_CORETYPE"]
+    # whether the JAX backend raised glibc's malloc thresholds (every library in the process
+    # allocates under them)
+    tuned = sys.modules.get("polyconv_jax._malloc")
+    if tuned is not None and tuned.tune():
+        info["malloc"] = "thresholds raised by polyconv's JAX backend"
     return info
 
 
@@ -628,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in selected:
         results["cases"].append(run_case(case, competitors, args.repeats, args.warmup, log,
                                            args.lead_in))
+    results["machine"] = machine()     # after the runs: what they ran under
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
