@@ -12,8 +12,7 @@ The modules, one per concern: :mod:`._xla` (precision, dimension numbers, the CP
 convolution call), :mod:`._forward`, :mod:`._backward_data` and :mod:`._backward_weights`
 (the lowerings of each primitive and its CPU policy), :mod:`._choice` (forcing, measuring,
 policy), :mod:`._primitives` (the three JAX primitives, their derivative and batching rules:
-every cotangent is computed by polyconv's own primitives, and the jitted entry points),
-:mod:`._malloc` (glibc's thresholds, raised for XLA CPU's per-call scratch buffer).
+every cotangent is computed by polyconv's own primitives, and the jitted entry points).
 The docs page "JAX lowerings" has the formulas and the measurements.
 
 Each primitive is entered through a ``jax.jit`` function with the plan, precision and choice
@@ -34,9 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyconv import ConvPlan, Samples
+from polyconv import ConvPlan, Samples, _malloc
 
-from . import _malloc, _primitives
+from . import _primitives
 from ._choice import LOWERINGS, autotune, force_lowering, measured_choices
 from ._primitives import prepare
 from ._xla import canonical_precision
@@ -84,9 +83,14 @@ class JaxBackend:
     def _static(plan: ConvPlan, *arrays):
         """The arrays as JAX arrays, and the static arguments: the plan keyed on geometry
         (one jit cache entry for an op and its aliases), the precision in canonical
-        (hashable) form, and the lowering-choice settings in force. The first call raises
-        glibc's malloc thresholds where that helps (:mod:`._malloc`)."""
-        _malloc.tune()
+        (hashable) form, and the lowering-choice settings in force. The first call on the CPU
+        raises glibc's malloc thresholds for XLA's per-call scratch buffer
+        (:mod:`polyconv._malloc`)."""
+        if not _malloc.asked():
+            import jax
+
+            if jax.default_backend() == "cpu":
+                _malloc.tune()
         arrays = prepare(plan, *arrays)
         precision = canonical_precision(plan.op, plan.precision)
         static = (plan.with_(precision=None, op=plan.primitive), precision,

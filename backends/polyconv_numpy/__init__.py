@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
 from . import _exact, _fast, _overlap
@@ -64,7 +65,9 @@ class NumpyBackend:
 
     def _strategy(self, primitive: str, plan: ConvPlan, *arrays: Any) -> str:
         """The strategy of one call: :func:`choose`'s, except that an empty batch (no rows to
-        lay on a grid) and non-finite inputs on a grid strategy take the exact path."""
+        lay on a grid) and non-finite inputs on a grid strategy take the exact path. The first
+        call raises glibc's malloc thresholds (:mod:`polyconv._malloc`)."""
+        _malloc.tune()
         if not self.fast or not plan.batch:
             return "exact"
         name = choose(primitive, plan)

@@ -452,11 +452,11 @@ def machine() -> dict[str, Any]:
     # kernels run float32 products at half the AVX-512 rate)
     if os.environ.get("OPENBLAS_CORETYPE"):
         info["openblas_coretype"] = os.environ["OPENBLAS_CORETYPE"]
-    # whether the JAX backend raised glibc's malloc thresholds (every library in the process
+    # whether a backend raised glibc's malloc thresholds (every library in the process
     # allocates under them)
-    tuned = sys.modules.get("polyconv_jax._malloc")
-    if tuned is not None and tuned.tune():
-        info["malloc"] = "thresholds raised by polyconv's JAX backend"
+    malloc = sys.modules.get("polyconv._malloc")
+    if malloc is not None and malloc.applied():
+        info["malloc"] = "thresholds raised by polyconv"
     return info
 
 
