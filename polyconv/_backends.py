@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,6 +145,12 @@ def _entry_points() -> dict[str, Any]:
 
 def _installed(entry: BackendEntry) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in (entry.module, *entry.requires))
+
+
+def env_switch(name: str) -> bool:
+    """An on/off environment variable of a backend: on unless set to ``0``, ``off``,
+    ``false``, ``no`` or nothing."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "off", "false", "no", "")
 
 
 def registered_backends() -> tuple[str, ...]:

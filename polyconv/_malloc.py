@@ -28,6 +28,8 @@ import os
 import platform
 import sys
 
+from ._backends import env_switch
+
 ENV_VAR = "POLYCONV_MALLOC"
 #: blocks up to this size come from the heap, whose pages stay mapped between calls
 MMAP_THRESHOLD = 256 << 20
@@ -42,8 +44,7 @@ _state: dict[str, bool] = {}
 def wanted() -> bool:
     """Whether the thresholds should be raised: Linux with glibc, not turned off, and no
     malloc setting of the user's."""
-    text = os.environ.get(ENV_VAR, "1").strip().lower()
-    if text in ("0", "off", "false", "no", ""):
+    if not env_switch(ENV_VAR):
         return False
     if any(os.environ.get(v) for v in _USER_SETTINGS):
         return False
@@ -69,11 +70,6 @@ def tune() -> bool:
                 applied = False
         _state["applied"] = applied
     return _state["applied"]
-
-
-def asked() -> bool:
-    """Whether :func:`tune` has run in this process."""
-    return "applied" in _state
 
 
 def applied() -> bool:

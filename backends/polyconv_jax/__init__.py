@@ -31,6 +31,7 @@ the outputs that read it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from polyconv import ConvPlan, Samples, _malloc
@@ -42,6 +43,16 @@ from ._xla import canonical_precision
 
 __all__ = ["BACKEND", "LOWERINGS", "JaxBackend", "autotune", "canonical_precision",
            "force_lowering", "measured_choices"]
+
+
+@functools.cache
+def _tune_malloc_on_cpu() -> None:
+    """Raise glibc's malloc thresholds (:mod:`polyconv._malloc`) if JAX computes on the CPU;
+    the platform is asked once."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        _malloc.tune()
 
 
 class JaxBackend:
@@ -86,11 +97,7 @@ class JaxBackend:
         (hashable) form, and the lowering-choice settings in force. The first call on the CPU
         raises glibc's malloc thresholds for XLA's per-call scratch buffer
         (:mod:`polyconv._malloc`)."""
-        if not _malloc.asked():
-            import jax
-
-            if jax.default_backend() == "cpu":
-                _malloc.tune()
+        _tune_malloc_on_cpu()
         arrays = prepare(plan, *arrays)
         precision = canonical_precision(plan.op, plan.precision)
         static = (plan.with_(precision=None, op=plan.primitive), precision,

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from polyconv import ConvPlan
+from polyconv._backends import env_switch
 
 from ._backward_data import (
     BACKWARD_DATA,
@@ -148,8 +149,7 @@ def autotune_enabled() -> bool:
     value = _AUTOTUNE.get()
     if value is not None:
         return value
-    text = os.environ.get(AUTOTUNE_ENV, "1").strip().lower()
-    return text not in ("0", "off", "false", "no", "")
+    return env_switch(AUTOTUNE_ENV)
 
 
 def settings() -> tuple:

@@ -486,13 +486,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(msg)
         sys.stderr.flush()
 
-    results = {"machine": machine(), "layers": []}
+    rows = []
     for layer in layers:
         for mode in modes:
             row = run_layer(layer, mode, comps, args.repeats, args.warmup, log)
             row["lowering"] = _chosen(layer)
-            results["layers"].append(row)
-    results["machine"] = machine()     # after the runs: what they ran under
+            rows.append(row)
+    results = {"machine": machine(), "layers": rows}   # after the runs: what they ran under
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

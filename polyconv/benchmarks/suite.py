@@ -629,11 +629,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(msg)
         sys.stderr.flush()
 
-    results = {"machine": machine(), "matmul_gflops": matmul_rate(), "cases": []}
-    for case in selected:
-        results["cases"].append(run_case(case, competitors, args.repeats, args.warmup, log,
-                                           args.lead_in))
-    results["machine"] = machine()     # after the runs: what they ran under
+    rate = matmul_rate()
+    cases = [run_case(case, competitors, args.repeats, args.warmup, log, args.lead_in)
+             for case in selected]
+    # the machine after the runs: what they ran under
+    results = {"machine": machine(), "matmul_gflops": rate, "cases": cases}
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
