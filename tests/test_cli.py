@@ -439,6 +439,17 @@ def test_bench_competitors_selects_and_refuses(tmp_path, capsys):
     assert "unknown nope" in err and "polyconv-torch" in err
 
 
+
+def test_bench_corpus_refuses_an_unknown_competitor(capsys):
+    from polyconv.benchmarks import corpus
+
+    with pytest.raises(SystemExit) as exc:
+        corpus.main(["--competitors", "torch,nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown nope" in err and "polyconv-numpy" in err
+
+
 def test_bench_lead_in_lasts_its_calls_and_its_time(monkeypatch):
     from polyconv.benchmarks import suite
 

@@ -40,7 +40,15 @@ import numpy as np
 import polyconv
 from polyconv._compare import numpy_dtype
 
-from .suite import _THREADS_ENV, _lead_in, _pin, _rerun_with_threads, machine, torch_tensor
+from .suite import (
+    _THREADS_ENV,
+    _lead_in,
+    _pin,
+    _rerun_with_threads,
+    machine,
+    select_competitors,
+    torch_tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -474,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if not layers:
         parser.error(f"--layers {args.layers!r} matches no layer")
     modes = [m for m in args.modes.split(",") if m]
-    comps = [c for c in COMPETITORS
-             if not args.competitors or c.name in args.competitors.split(",")]
+    comps = select_competitors(parser, args.competitors, COMPETITORS)
     if args.threads is not None:
         if os.environ.get(_THREADS_ENV) != str(args.threads):
             return _rerun_with_threads(args.threads, ["--corpus", *(

@@ -573,6 +573,19 @@ def _pin(threads: int) -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def select_competitors(parser: argparse.ArgumentParser, text: str, competitors):
+    """The competitors named in ``--competitors`` (comma-separated; empty: all of them), in
+    their table order; an unknown name is a usage error."""
+    if not text:
+        return tuple(competitors)
+    wanted = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - {c.name for c in competitors})
+    if unknown:
+        parser.error(f"--competitors: unknown {', '.join(unknown)}; the competitors are "
+                     + ", ".join(c.name for c in competitors))
+    return tuple(c for c in competitors if c.name in wanted)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``polyconv bench``."""
     parser = argparse.ArgumentParser(prog="polyconv bench", description=__doc__.split("\n")[0])
@@ -610,14 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     if not selected:
         names = "; ".join(c.name for c in CASES)
         parser.error(f"--cases {args.cases!r} matches no case name; the cases are: {names}")
-    competitors = COMPETITORS
-    if args.competitors:
-        wanted = [n.strip() for n in args.competitors.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {c.name for c in COMPETITORS})
-        if unknown:
-            parser.error(f"--competitors: unknown {', '.join(unknown)}; the competitors are "
-                         + ", ".join(c.name for c in COMPETITORS))
-        competitors = tuple(c for c in COMPETITORS if c.name in wanted)
+    competitors = select_competitors(parser, args.competitors, COMPETITORS)
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
