@@ -16,7 +16,13 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from ._forward import ELEMENTWISE_MAX_CHANNELS
+from ._forward import (
+    ELEMENTWISE_MAX_CHANNELS,
+    channel_vector,
+    group_channels,
+    sum_by_first_tap,
+    taps_first,
+)
 from ._subpixel import (
     _by_phase,
     _interleave,
@@ -63,39 +69,33 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     """
     del precision
     axes = _phases(plan)
-    nd, g = plan.ndim, plan.groups
+    g = plan.groups
     cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
     acc = plan.acc_dtype
-    wc = jnp.transpose(w, plan.weights_perm).astype(acc)   # [Cb, Ca/G, K..]
-    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    wk = jnp.swapaxes(taps_first(plan, w), -1, -2)          # [K.., Cb, Ca/G]
+    wk = wk.reshape((*plan.kernel, g, cb_g, ca_g))
     tops = tuple(p.max_shift for p in axes)
     lengths = tuple(p.max_shift + 1 for p in axes)
     config = [(0, 0, 0)] * b.ndim
     for ax, p, n in zip(plan.spatial_axes, axes, lengths):
         config[ax] = (*_padding(p, p.max_shift, n), 0)
     bp = lax.pad(b.astype(acc), jnp.zeros((), acc), config)
-    # channels split into (G, Cb/G); one input channel of each group is sliced out per term,
-    # its unit axis broadcasts against the Ca/G outputs
-    c = plan.channel_axis
-    bp = bp.reshape((*bp.shape[:c], g, cb_g, *bp.shape[c + 1:]))
-    spatial = tuple(ax + (ax > c) for ax in plan.spatial_axes)
-    wshape = (g, ca_g) + (() if plan.channels_last else (1,) * nd)
     parts = {}
     for r in itertools.product(*(range(p.stride) for p in axes)):
-        total = None
-        for tap in itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
-                                       for p, ri in zip(axes, r))):
-            start = [0] * bp.ndim
-            limit = list(bp.shape)
-            for ax, p, top, (_, m) in zip(spatial, axes, tops, tap):
-                start[ax] = top - m
-                limit[ax] = top - m + p.rows
-            ks = tuple(k for k, _ in tap)
-            for i in range(cb_g):
-                start[c + 1], limit[c + 1] = i, i + 1
-                term = lax.slice(bp, start, limit) * wc[(slice(None), i, slice(None), *ks)
-                                                        ].reshape(wshape)
-                total = term if total is None else total + term
+        def terms(r=r):
+            for tap in itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
+                                           for p, ri in zip(axes, r))):
+                start, limit = [0] * bp.ndim, list(bp.shape)
+                for ax, p, top, (_, m) in zip(plan.spatial_axes, axes, tops, tap):
+                    start[ax], limit[ax] = top - m, top - m + p.rows
+                window = lax.slice(bp, start, limit)
+                ks = tuple(k for k, _ in tap)
+                for i in range(cb_g):
+                    weights = wk[(*ks, slice(None), i)].reshape(-1)      # [Ca]
+                    yield ks, (group_channels(plan, window, i, cb_g, ca_g)
+                               * channel_vector(plan, weights))
+
+        total = sum_by_first_tap(terms())
         if total is None:
             parts[r] = jnp.zeros(_phase_shape(plan, axes), acc)
         else:
