@@ -348,7 +348,7 @@ def test_force_lowering_from_the_environment(monkeypatch):
 
 def test_default_lowering_choice():
     """The measured heuristic (see polyconv_jax._backward_data): no strided backward_data is left
-    to XLA's lhs-dilated convolution."""
+    to XLA's lhs-dilated convolution, no depthwise one to XLA's grouped convolution."""
     choose = _backward_data.choose_backward_data
 
     def plan(src, w, **attrs):
@@ -356,6 +356,7 @@ def test_default_lowering_choice():
 
     assert choose(plan((8, 32, 32, 64), (3, 3, 64, 64))) == "direct"          # no stride
     assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), strides=2, groups=64)) == "elementwise"
+    assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), groups=64)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 2, 64), strides=2, groups=16)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 8, 64), strides=2, groups=8)) == "grouped"
     assert choose(plan((2, 8, 8, 512), (3, 3, 1, 512), strides=2, groups=64)) == "phases_matmul"
@@ -375,7 +376,9 @@ def test_default_lowering_choice():
         grid_plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
         choice = choose(grid_plan)
         assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(grid_plan)
-        assert (choice == "direct") == all(s == 1 for s in grid_plan.strides)
+        few_per_group = grid_plan.groups > 1 and grid_plan.b_channels // grid_plan.groups <= 4
+        assert (choice == "direct") == (all(s == 1 for s in grid_plan.strides)
+                                        and not few_per_group)
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from polyconv import ConvPlan
 
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
+    ELEMENTWISE_POLICY_CHANNELS,
     channel_vector,
     group_channels,
     sum_by_first_tap,
@@ -294,9 +295,6 @@ def narrow(plan: ConvPlan) -> bool:
             and plan.macs >= NARROW_MIN_MACS)
 
 
-#: the default policy takes ``elementwise`` up to this many input channels per group (it can
-#: compute up to ``ELEMENTWISE_MAX_CHANNELS``; between the two a matrix product was faster)
-ELEMENTWISE_POLICY_CHANNELS = 4
 
 #: the backward_data lowerings, by name (see :func:`choose_backward_data`)
 BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phases_matmul,
@@ -355,10 +353,11 @@ def choose_backward_data(plan: ConvPlan) -> str:
     ``b`` reach exactly the outputs that read them): ``subpixel*`` only where
     :func:`subpixel_is_exact`.
 
-    1. No stride: ``direct`` (nothing to decompose; one stride-1 convolution).
+    1. Groups with at most 4 input channels each (depthwise: 1, any channel multiplier):
+       ``elementwise``, with or without a stride (XLA CPU's grouped convolutions are a slow
+       path: 40x for a stride-1 depthwise 3x3).
+    2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution).
        Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
-    2. Groups with at most 4 input channels each (depthwise: 1, any channel multiplier):
-       ``elementwise``.
     3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
        up to 32 groups, else ``phases_matmul`` (products batched over the groups).
     4. At most one tap per phase (k2 s2, k1 s2, ...): ``phases_matmul`` (each phase is one
@@ -372,14 +371,14 @@ def choose_backward_data(plan: ConvPlan) -> str:
        slow, and ``phases_matmul``'s patches of all taps cost more than its products).
     9. 4-D and up: ``phases_matmul``.
     """
+    g = plan.groups
+    if g > 1 and plan.b_channels // g <= ELEMENTWISE_POLICY_CHANNELS:
+        return "elementwise"
     if all(s == 1 for s in plan.strides):
         return "direct"
     if narrow(plan):
         return "matmul_overlap_add"
-    g = plan.groups
     if g > 1:
-        if plan.b_channels // g <= ELEMENTWISE_POLICY_CHANNELS:
-            return "elementwise"
         return "grouped" if g <= 32 else "phases_matmul"
     axes = _phases(plan)
     if all(len(taps) <= 1 for p in axes for taps in p.taps):

@@ -160,6 +160,10 @@ PATCHES_MAX_GROWTH = 32
 #: contracted side (their cost grows with it; a matrix product's does not)
 ELEMENTWISE_MAX_CHANNELS = 8
 
+#: the default policies take ``elementwise`` up to this many channels per group on the
+#: contracted side (between this and ``ELEMENTWISE_MAX_CHANNELS`` a matrix product was faster)
+ELEMENTWISE_POLICY_CHANNELS = 4
+
 #: the forward lowerings, by name; the first is the plain one
 FORWARD = {"direct": _conv, "elementwise": _forward_elementwise,
            "patches_matmul": _forward_patches}
@@ -175,12 +179,12 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
 
 
 def choose_forward(plan: ConvPlan) -> str:
-    """The default forward lowering on CPU: ``elementwise`` for depthwise convolutions with
-    a stride (XLA CPU's strided depthwise convolution is a slow path: 6x), ``patches_matmul``
-    for ungrouped ones with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
-    more: 3-D 1->64 k3 s2, 3x),
-    else ``direct``."""
-    if plan.a_channels == plan.groups > 1 and any(s > 1 for s in plan.strides):
+    """The default forward lowering on CPU: ``elementwise`` for groups with at most
+    :data:`ELEMENTWISE_POLICY_CHANNELS` input channels each (XLA CPU's grouped convolution
+    is a slow path: 40x for a depthwise 3x3, 6x more with a stride), ``patches_matmul`` for
+    ungrouped ones with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
+    more: 3-D 1->64 k3 s2, 3x), else ``direct``."""
+    if plan.groups > 1 and plan.a_channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS:
         return "elementwise"
     from ._backward_data import narrow  # (that module imports this one)
 
