@@ -273,3 +273,50 @@ def test_depthwise_tap_sums_match_the_oracle(op, channels, spatial, strides):
     ref = reference(op, x, w, **attrs)
     assert y.shape == ref.shape
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_depthwise_weight_sums_split_over_threads_match_the_oracle(monkeypatch, threads,
+                                                                   multiplier):
+    """The depthwise weight gradient sums ranges of rows in parallel (one per thread, at any
+    split) and still meets the accuracy bound against the float64 oracle."""
+    from polyconv_numpy import _common
+
+    monkeypatch.setattr(_common, "threads", lambda: threads)
+    monkeypatch.setattr(_common, "_MIN_ROWS_PER_THREAD", 1)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 13, 11, 6)).astype(np.float32)
+    dy = rng.standard_normal((2, 13, 11, 6 * multiplier)).astype(np.float32)
+    attrs = dict(pads_begin=1, pads_end=1, groups=6)
+    with polyconv_numpy.strategy(backward_weights="gather"):
+        dw = polyconv.convolution_backward_weights(x, dy, (3, 3, 1, 6 * multiplier), **attrs)
+    ref = reference("convolution_backward_weights", x, dy, weights_shape=(3, 3, 1, 6 * multiplier),
+                    **attrs)
+    assert_within_bound(dw, ref.y, ref.abs_sum, ref.n, "float32")
+
+
+def test_split_rows_covers_every_row_once(monkeypatch):
+    from polyconv_numpy import _common
+
+    monkeypatch.setattr(_common, "threads", lambda: 3)
+    monkeypatch.setattr(_common, "_MIN_ROWS_PER_THREAD", 1)
+    ranges = _common.split_rows(10, lambda lo, hi: (lo, hi))
+    assert ranges == [(0, 3), (3, 6), (6, 10)]
+    monkeypatch.setattr(_common, "_MIN_ROWS_PER_THREAD", 8)
+    assert _common.split_rows(10, lambda lo, hi: (lo, hi)) == [(0, 10)]
+
+
+def test_thread_count_from_the_environment(monkeypatch):
+    from polyconv_numpy import _common
+
+    _common.threads.cache_clear()
+    try:
+        monkeypatch.setenv("POLYCONV_NUMPY_THREADS", "3")
+        assert _common.threads() == 3
+        _common.threads.cache_clear()
+        monkeypatch.setenv("POLYCONV_NUMPY_THREADS", "many")
+        with pytest.raises(ValueError, match="POLYCONV_NUMPY_THREADS='many'"):
+            _common.threads()
+    finally:
+        _common.threads.cache_clear()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -58,3 +62,40 @@ def weights_matrix(w4: np.ndarray, rows: tuple[int, ...], cols: tuple[int, ...])
         return np.ascontiguousarray(w4.transpose(0, *rows, *cols)).reshape(g, n_rows, -1)
     m = np.ascontiguousarray(w4.transpose(0, *cols, *rows)).reshape(g, -1, n_rows)
     return m.transpose(0, 2, 1)
+
+
+#: at least this many rows per thread before a loop is split over threads
+_MIN_ROWS_PER_THREAD = 4096
+
+
+@cache
+def threads() -> int:
+    """How many threads the elementwise loops use: ``POLYCONV_NUMPY_THREADS`` if set, else
+    the CPUs this process may run on (at most 8). numpy's own loops are single-threaded and
+    release the GIL, so blocks of rows run in parallel."""
+    env = os.environ.get("POLYCONV_NUMPY_THREADS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"POLYCONV_NUMPY_THREADS={env!r}: expected a positive "
+                             "number of threads") from None
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
+        os.cpu_count() or 1)
+    return max(1, min(8, len(cpus)))
+
+
+@cache
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(n, thread_name_prefix="polyconv-numpy")
+
+
+def split_rows(rows: int, work: Callable[[int, int], Any]) -> list:
+    """``work(lo, hi)`` over contiguous, near-equal ranges of ``rows`` that cover it, one per
+    thread (:func:`threads`), in parallel; the results in range order. Each call must touch
+    only its own rows and scratch."""
+    n = min(threads(), rows // _MIN_ROWS_PER_THREAD)
+    if n <= 1:
+        return [work(0, rows)]
+    bounds = [rows * i // n for i in range(n + 1)]
+    return list(_pool(n).map(work, bounds[:-1], bounds[1:]))

