@@ -295,7 +295,6 @@ def narrow(plan: ConvPlan) -> bool:
             and plan.macs >= NARROW_MIN_MACS)
 
 
-
 #: the backward_data lowerings, by name (see :func:`choose_backward_data`)
 BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phases_matmul,
                  "subpixel": _subpixel, "subpixel_matmul": _subpixel_matmul,

@@ -51,7 +51,7 @@ def group_channels(plan: ConvPlan, x, i: int, per_group: int, repeat: int):
     its result. (A strided slice, not a split into ``(G, per_group)`` axes: such a split
     leaves a unit minor axis for channels-last data, and XLA CPU's fused loop then runs
     unvectorized, 3x slower.)"""
-    c = x.ndim - 1 if plan.channels_last else 1
+    c = plan.channel_axis
     if per_group > 1:
         x = lax.slice_in_dim(x, i, x.shape[c], per_group, axis=c)
     return jnp.repeat(x, repeat, axis=c) if repeat > 1 else x

@@ -70,9 +70,10 @@ _MIN_ROWS_PER_THREAD = 4096
 
 @cache
 def threads() -> int:
-    """How many threads the elementwise loops use: ``POLYCONV_NUMPY_THREADS`` if set, else
+    """How many threads :func:`split_rows` uses: ``POLYCONV_NUMPY_THREADS`` if set, else
     the CPUs this process may run on (at most 8). numpy's own loops are single-threaded and
-    release the GIL, so blocks of rows run in parallel."""
+    release the GIL; long enough calls (the depthwise weight gradient's) then gain from
+    ranges of rows run in parallel, short ones lose to contention for the GIL."""
     env = os.environ.get("POLYCONV_NUMPY_THREADS", "").strip()
     if env:
         try:
