@@ -5,6 +5,7 @@ Helpers shared with tests/test_jax.py come from it."""
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 
@@ -690,3 +691,18 @@ def test_one_padded_row_is_taken_where_it_pays():
     assert pads((8, 58, 58, 64), (3, 3, 64, 64), pads_begin=1) == ["[[1, 0], [1, 0]]"]
     assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
     assert pads((8, 4000, 256), (16, 256, 128)) == ["[[0, 0]]"]
+
+
+@pytest.mark.parametrize("src, shape", [
+    ((2, 3, 4, 5), (6, 20)),            # runs of adjacent axes merged
+    ((2, 3, 1, 4), (6, 4)),             # a unit axis merged away
+    ((6, 4), (6, 1, 4)),                # a unit axis inserted: not a merge
+    ((6, 4), (2, 3, 4)),                # a split: not a merge
+    ((2, 6), (4, 3)),                   # neither
+])
+def test_merge_reshapes_to_any_shape(src, shape):
+    # the sharding-friendly reshape merges one run of axes at a time; a shape that is not a
+    # merge of adjacent axes must still come out (it used to loop forever)
+    x = np.arange(math.prod(src), dtype=np.float32).reshape(src)
+    np.testing.assert_array_equal(np.asarray(_xla._merge(jnp.asarray(x), shape)),
+                                  x.reshape(shape))

@@ -18,8 +18,8 @@ from polyconv import ConvPlan
 
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
-    ELEMENTWISE_POLICY_CHANNELS,
     channel_vector,
+    few_per_group,
     group_channels,
     sum_by_first_tap,
     taps_first,
@@ -371,7 +371,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
     9. 4-D and up: ``phases_matmul``.
     """
     g = plan.groups
-    if g > 1 and plan.b_channels // g <= ELEMENTWISE_POLICY_CHANNELS:
+    if few_per_group(plan, plan.b_channels):
         return "elementwise"
     if all(s == 1 for s in plan.strides):
         return "direct"

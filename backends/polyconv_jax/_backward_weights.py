@@ -13,7 +13,7 @@ from polyconv import ConvPlan
 from ._backward_data import narrow
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
-    ELEMENTWISE_POLICY_CHANNELS,
+    few_per_group,
     group_channels,
     pad_large,
     patches,
@@ -183,8 +183,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     if narrow(plan) and patches_fit(plan):
         return "patches_matmul"
     if plan.groups > 1:
-        if (plan.b_channels == plan.groups
-                and plan.a_channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS):
+        if plan.b_channels == plan.groups and few_per_group(plan, plan.a_channels):
             return "depthwise"
         return "grouped" if plan.groups <= 32 else "direct"
     if plan.ndim >= 3 and any(s > 1 for s in plan.strides):

@@ -164,6 +164,13 @@ ELEMENTWISE_MAX_CHANNELS = 8
 #: contracted side (between this and ``ELEMENTWISE_MAX_CHANNELS`` a matrix product was faster)
 ELEMENTWISE_POLICY_CHANNELS = 4
 
+
+def few_per_group(plan: ConvPlan, channels: int) -> bool:
+    """Whether ``plan`` is grouped with at most :data:`ELEMENTWISE_POLICY_CHANNELS` of
+    ``channels`` (the contracted side's count) per group: where the default policies leave
+    XLA CPU's grouped convolution for the elementwise lowerings."""
+    return plan.groups > 1 and channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS
+
 #: the forward lowerings, by name; the first is the plain one
 FORWARD = {"direct": _conv, "elementwise": _forward_elementwise,
            "patches_matmul": _forward_patches}
@@ -184,7 +191,7 @@ def choose_forward(plan: ConvPlan) -> str:
     is a slow path: 40x for a depthwise 3x3, 6x more with a stride), ``patches_matmul`` for
     ungrouped ones with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
     more: 3-D 1->64 k3 s2, 3x), else ``direct``."""
-    if plan.groups > 1 and plan.a_channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS:
+    if few_per_group(plan, plan.a_channels):
         return "elementwise"
     from ._backward_data import narrow  # (that module imports this one)
 

@@ -130,7 +130,8 @@ def _conv_general(lhs, rhs, *, dimension_numbers: lax.ConvDimensionNumbers, padd
 def _merge(y, shape):
     """``y.reshape(shape)`` where ``shape`` only merges runs of adjacent axes, done one run
     per reshape: JAX's explicit sharding (``jax.make_mesh`` meshes) accepts a reshape of a
-    sharded array only when it merges or splits a single run of axes."""
+    sharded array only when it merges or splits a single run of axes. Any other ``shape``
+    (a unit axis inserted, a split) is one plain reshape."""
     shape = tuple(shape)
     i = 0
     while tuple(y.shape) != shape:
@@ -140,8 +141,10 @@ def _merge(y, shape):
             i += 1
             continue
         j = i + 1
-        while math.prod(y.shape[i:j + 1]) != shape[i]:
+        while j < y.ndim and math.prod(y.shape[i:j + 1]) < shape[i]:
             j += 1
+        if j >= y.ndim or math.prod(y.shape[i:j + 1]) != shape[i]:
+            return y.reshape(shape)     # not a merge of adjacent axes
         y = y.reshape((*y.shape[:i], shape[i], *y.shape[j + 1:]))
         i += 1
     return y

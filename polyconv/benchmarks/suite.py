@@ -351,15 +351,18 @@ def peak_extra_memory(fn: Callable[[], Any]) -> int:
 SAMPLE_SECONDS = 0.005
 
 
-#: the least time of a competitor's untimed calls before each timed sample
-LEAD_IN_SECONDS = 0.003
+#: the least time of a competitor's untimed calls before each timed sample: longer than
+#: OpenBLAS's workers spin after a call (about 0.1 s of a CPU, measured on numpy's OpenBLAS)
+LEAD_IN_SECONDS = 0.15
 
 
 def _lead_in(fn: Callable[[], Any], calls: int) -> None:
     """Untimed calls before a timed sample: at least ``calls``, and for at least
     :data:`LEAD_IN_SECONDS`. They wake this competitor's thread pool (on a VM a parked worker
     can take milliseconds to wake) while the previous competitor's workers, which spin for a
-    while after their last call, go idle; and they bring back the caches and memory state the
+    while after their last call (OpenBLAS's for about 0.1 s), go idle: with 3 ms of lead-in, a
+    3 ms XLA convolution timed after the numpy backend ran at half speed, sharing the CPUs with
+    OpenBLAS's spinning workers. They also bring back the caches and memory state the
     previous competitor displaced (a 0.2 ms call runs 2-4x slower for its first ten calls after
     a heavy one). The timed calls then measure back-to-back use, as in a real loop."""
     end = time.perf_counter() + LEAD_IN_SECONDS
