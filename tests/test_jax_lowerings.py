@@ -28,7 +28,7 @@ from jax_grid import (  # noqa: E402
     _weights,
 )
 from oracle import assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _backward_data, _choice, _forward, _xla  # noqa: E402
+from polyconv_jax import _backward_data, _backward_weights, _choice, _forward, _xla  # noqa: E402
 
 import polyconv  # noqa: E402
 
@@ -420,6 +420,31 @@ def _bw_params():
     return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
 
 
+def test_default_backward_weights_choice():
+    """The CPU policy for weight gradients (see polyconv_jax._backward_weights)."""
+    choose = _backward_weights.choose_backward_weights
+
+    def plan(src, w, **attrs):
+        return polyconv.infer_shape("convolution_backward_weights", src,
+                                    polyconv.infer_shape("convolution", src, w, **attrs).shape,
+                                    w, **attrs)
+
+    # 2-D, no stride, large images: one image and one run of rows at a time
+    assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)) == "bands"
+    assert choose(plan((1, 128, 128, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)) == "bands"
+    # small images, a stride, 1-D: XLA's own weight gradient
+    assert choose(plan((16, 16, 16, 128), (3, 3, 128, 64), pads_begin=1, pads_end=1)) == "direct"
+    assert choose(plan((4, 56, 56, 128), (3, 3, 128, 128), strides=2)) == "direct"
+    assert choose(plan((4, 2048, 128), (3, 128, 64))) == "direct"
+    assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "depthwise"
+    assert choose(plan((8, 56, 56, 64), (3, 3, 8, 64), groups=8)) == "grouped"
+    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases"
+    # more pieces than a program should hold: not applicable
+    big = plan((64, 64, 64, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)
+    assert not _backward_weights.weights_applicable(big, "bands")
+    assert choose(big) == "direct"
+
+
 @pytest.mark.parametrize("fmt", ["NXC", "NCX"])
 @pytest.mark.parametrize("nd", [2, 3])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -488,7 +513,10 @@ def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fm
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
                          _bw_params())
 def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,
-                                                      lowering):
+                                                      lowering, monkeypatch):
+    # runs of a few output positions, so that ``bands`` cuts the grid's small images into
+    # several runs of rows, pads inside some and not others
+    monkeypatch.setattr(_backward_weights, "BAND_POSITIONS", 5)
     plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
     small = arrays[0]
     w_shape = arrays[1].shape
@@ -706,3 +734,4 @@ def test_merge_reshapes_to_any_shape(src, shape):
     x = np.arange(math.prod(src), dtype=np.float32).reshape(src)
     np.testing.assert_array_equal(np.asarray(_xla._merge(jnp.asarray(x), shape)),
                                   x.reshape(shape))
+
