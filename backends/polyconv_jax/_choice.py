@@ -8,7 +8,8 @@ primitive is traced, in this order:
    benchmarks), where it can compute the plan;
 2. measured (autotuning, on by default): every applicable exact lowering is compiled and
    timed on random inputs of the plan's shapes on the default device, interleaved, and the
-   fastest (by its fastest call; the policy's when within 3%) is kept for the process (and
+   fastest (by its fastest call; the plain lowering when within 5%, else the policy's when
+   within 3%) is kept for the process (and
    in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON file, when set), per (platform, device kind,
    primitive, geometry, dtype, precision). The plain lowering is always a candidate, so the
    choice cannot lose to it by more than the noise of the measurement. Plans under
@@ -74,6 +75,10 @@ MEASURE_MIN_MACS = 20_000_000
 MEASURE_ROUNDS = 5
 #: a lowering within this fraction of the fastest counts as tied: the policy's is kept
 MEASURE_TIE = 0.03
+#: the plain lowering (a hand-written ``lax`` call's) is kept unless another is faster by
+#: more than this fraction: a closer win is within the noise of one measurement, and the
+#: plain lowering is the one a user compares against
+MEASURE_PLAIN_TIE = 0.05
 #: a candidate whose first timed call takes this many times the best so far is dropped
 MEASURE_DROP_FACTOR = 3.0
 
@@ -344,7 +349,10 @@ def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
     key, path = plan_key(primitive, plan, precision), _cache_file()
     times = measure(primitive, plan, precision, names)
     choice = min(names, key=lambda n: times[n])
-    if times[names[0]] <= (1 + MEASURE_TIE) * times[choice]:
+    plain = LOWERINGS[primitive][0]
+    if plain in times and times[plain] <= (1 + MEASURE_PLAIN_TIE) * times[choice]:
+        choice = plain          # the plain lowering, unless clearly slower
+    elif times[names[0]] <= (1 + MEASURE_TIE) * times[choice]:
         choice = names[0]       # the policy's lowering, unless measurably slower
     with _lock:
         _measurements[key] = choice
