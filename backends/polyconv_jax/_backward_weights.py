@@ -67,12 +67,13 @@ def _weights_bands(plan: ConvPlan, precision, a, b):
     rows of ``a`` its outputs read, with the pads that fall inside it: exactly the products
     of the whole, summed in float32 (:ref:`accumulation`)."""
     sp = plan.spatial_axes[0]
-    s, pb, ek, size = plan.strides[0], plan.pads_begin[0], plan.effective_kernel[0], \
-        plan.a_spatial[0]
+    s, pb, ek = plan.strides[0], plan.pads_begin[0], plan.effective_kernel[0]
+    size = plan.a_spatial[0]
+    runs = band_edges(plan)
     total = None
     for n in range(plan.batch):
         an, bn = lax.slice_in_dim(a, n, n + 1), lax.slice_in_dim(b, n, n + 1)
-        for y0, y1 in band_edges(plan):
+        for y0, y1 in runs:
             lo, hi = y0 * s - pb, (y1 - 1) * s - pb + ek       # the rows of a read, unpadded
             if min(hi, size) <= max(lo, 0):
                 continue                                    # only padding: no products

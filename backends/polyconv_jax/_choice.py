@@ -9,11 +9,11 @@ primitive is traced, in this order:
 2. measured (autotuning, on by default): every applicable exact lowering is compiled and
    timed on random inputs of the plan's shapes on the default device, interleaved, and the
    fastest (by its fastest call; the plain lowering when within 5%, else the policy's when
-   within 3%) is kept for the process (and
-   in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON file, when set), per (platform, device kind,
-   primitive, geometry, dtype, precision). The plain lowering is always a candidate, so the
-   choice cannot lose to it by more than the noise of the measurement. Plans under
-   :data:`MEASURE_MIN_MACS` multiply-adds are not measured: there is too little to win;
+   within 3%) is kept for the process (and in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON file,
+   when set), per (platform, device kind, primitive, geometry, dtype, precision). The plain
+   lowering is always a candidate, so the choice cannot lose to it by more than the noise
+   of the measurement. Plans under :data:`MEASURE_MIN_MACS` multiply-adds are not
+   measured: there is too little to win;
 3. otherwise the platform's default policy: on CPU the rules of each family's ``choose_*``
    (set from measurements on a 2-core x86 CPU); elsewhere the plain lowering, which is what
    XLA's own convolution autotuning sees.
