@@ -28,8 +28,10 @@ FORCED = {
     "overlap": "overlap,backward_weights=gather_b",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
-#: throughout (the grid's channel counts are small, which the default runs channels-first)
-LAYOUTS = ("default", "channels-last")
+#: throughout (the grid's channel counts are small, which the default runs channels-first);
+#: and the default with every loop that can be split over threads split over three, however
+#: few its rows (the grid's are too few to be split by default)
+LAYOUTS = ("default", "channels-last", "threads")
 
 
 @pytest.fixture(params=[(f, lay) for f in sorted(FORCED) for lay in LAYOUTS
@@ -43,8 +45,19 @@ def forced(request, monkeypatch):
         monkeypatch.setattr(_fast, "_CHANNELS_FIRST_MAX", 0)
         monkeypatch.setattr(_fast, "_CHANNELS_FIRST_DATA", False)
         monkeypatch.setattr(_overlap, "CHANNELS_FIRST_BELOW", 0)
+    if layout == "threads":
+        _split_everything(monkeypatch)
     with polyconv_numpy.strategy(FORCED[name]):
         yield name
+
+
+def _split_everything(monkeypatch, threads: int = 3) -> None:
+    from polyconv_numpy import _common
+
+    monkeypatch.setattr(_common, "threads", lambda: threads)
+    monkeypatch.setattr(_common, "_MIN_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(_common, "_MIN_BLAS_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(_common.BLAS, "threads", lambda: threads)
 
 
 @pytest.fixture
@@ -305,6 +318,39 @@ def test_split_rows_covers_every_row_once(monkeypatch):
     assert ranges == [(0, 3), (3, 6), (6, 10)]
     monkeypatch.setattr(_common, "_MIN_ROWS_PER_THREAD", 8)
     assert _common.split_rows(10, lambda lo, hi: (lo, hi)) == [(0, 10)]
+
+
+def test_split_rows_holds_blas_at_one_thread_and_restores_it(monkeypatch):
+    """A loop of matrix products split over threads runs with the BLAS at one thread, and
+    the BLAS's own limit comes back afterwards, also when calls overlap."""
+    import threading
+
+    from polyconv_numpy import _common
+
+    before = _common.BLAS.threads()
+    if before is None:
+        pytest.skip("no BLAS library that threadpoolctl can control")
+    monkeypatch.setattr(_common, "threads", lambda: 2)
+    monkeypatch.setattr(_common, "_MIN_BLAS_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(_common.BLAS, "threads", lambda: 2)
+    real = type(_common.BLAS).threads.__get__(_common.BLAS)
+    inside = []
+    barrier = threading.Barrier(2)
+
+    def work(lo, hi):
+        barrier.wait(timeout=10)        # both ranges inside at once
+        inside.append(real())
+        return hi - lo
+
+    assert _common.split_rows(10, work, blas=True) == [5, 5]
+    assert inside == [1, 1]
+    assert real() == before
+    # nested: an outer holder keeps the limit until it leaves
+    with _common.BLAS.one_thread():
+        barrier.reset()
+        _common.split_rows(10, work, blas=True)
+        assert real() == 1
+    assert real() == before
 
 
 def test_thread_count_from_the_environment(monkeypatch):

@@ -161,10 +161,16 @@ class _Grid:
         return (slice(None), *(slice(0, b) for b in self.plan.b_spatial), slice(None))
 
 
-def _blocks(rows: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES):
+def _blocks(lo: int, hi: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES,
+            of: int | None = None):
+    """Rows ``lo:hi`` in blocks of about ``block_bytes`` (``row_bytes`` per row). A range of
+    ``of`` rows split over threads takes its share of the budget, so that the threads' buffers
+    together stay within it."""
+    if of:
+        block_bytes = block_bytes * (hi - lo) // of
     step = max(256, block_bytes // max(row_bytes, 1))
-    for j0 in range(0, rows, step):
-        yield j0, min(rows, j0 + step)
+    for j0 in range(lo, hi, step):
+        yield j0, min(hi, j0 + step)
 
 
 class _TapSum:
@@ -180,28 +186,35 @@ class _TapSum:
         self.r = max(1, min(1024 // c, rows // t))   # rows per tile (all tiles: <= the rows)
         self.tiles = np.ascontiguousarray(np.broadcast_to(
             weights[:, None, :], (t, self.r, c))).reshape(t, self.r * c)
-        self.tmp = np.empty(0, dtype=weights.dtype)
 
-    def blocks(self, rows: int):
-        return _blocks(rows, self.c * self.w.itemsize, _DEPTHWISE_BLOCK_BYTES)
+    def __call__(self, out: np.ndarray, sources) -> None:
+        """Fill ``out`` (``[rows, C]``, contiguous) with the sum, by blocks that stay in
+        cache. (On one thread: ranges of rows on two threads ran 1.4-2x slower, the many
+        short ufunc calls contending for the GIL.)"""
+        tmp = np.empty(0, dtype=out.dtype)
+        for j0, j1 in _blocks(0, out.shape[0], self.c * self.w.itemsize,
+                              _DEPTHWISE_BLOCK_BYTES):
+            tmp = self._block(out[j0:j1], sources, j0, tmp)
 
-    def __call__(self, out: np.ndarray, sources, j0: int) -> None:
-        """Fill ``out`` (``[n, C]``, contiguous) with the sum for rows ``j0 .. j0 + n``."""
+    def _block(self, out: np.ndarray, sources, j0: int, tmp: np.ndarray) -> np.ndarray:
+        """The sum for rows ``j0 .. j0 + n`` into ``out`` (``[n, C]``); ``tmp`` is scratch
+        (returned, grown if it was too small)."""
         n, c = out.shape
-        if self.tmp.size < n * c:
-            self.tmp = np.empty(n * c, dtype=out.dtype)
+        if tmp.size < n * c:
+            tmp = np.empty(n * c, dtype=out.dtype)
         full = n - n % self.r
         for lo, hi, tiled in ((0, full, True), (full, n, False)):
             if hi == lo:
                 continue
             shape = ((hi - lo) // self.r, self.r * c) if tiled else (hi - lo, c)
             o = out[lo:hi].reshape(shape)
-            tmp = self.tmp[: (hi - lo) * c].reshape(shape)
+            scratch = tmp[: (hi - lo) * c].reshape(shape)
             for t, (src, off) in enumerate(sources):
                 s = src[j0 + off + lo: j0 + off + hi].reshape(shape)
-                np.multiply(s, self.tiles[t] if tiled else self.w[t], out=tmp if t else o)
+                np.multiply(s, self.tiles[t] if tiled else self.w[t], out=scratch if t else o)
                 if t:
-                    o += tmp
+                    o += scratch
+        return tmp
 
 
 class _Channels:
@@ -259,25 +272,35 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     sources = [(phases[phase], off) for phase, off in grid.taps]
     b = np.empty((grid.rows, plan.b_channels), dtype=acc)
     if ch.depthwise and ch.og == 1:
-        tap_sum = _TapSum(np.ascontiguousarray(w4[:, 0, 0, :].T), grid.rows)     # [T, Cb]
-        for j0, j1 in tap_sum.blocks(grid.rows):
-            tap_sum(b[j0:j1], sources, j0)
+        _TapSum(np.ascontiguousarray(w4[:, 0, 0, :].T), grid.rows)(b, sources)   # [T, Cb]
     elif ch.depthwise:      # a channel multiplier: each input channel feeds Og outputs
         w_t = np.ascontiguousarray(w4[:, :, 0, :].transpose(2, 0, 1))    # [T, G, Og]
-        for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
+        for j0, j1 in _blocks(0, grid.rows, plan.b_channels * acc.itemsize):
             out = b[j0:j1].reshape(j1 - j0, ch.g, ch.og)
             out[...] = 0
             for (src, off), wt in zip(sources, w_t):
                 out += src[j0 + off: j1 + off, :, None] * wt
     else:
-        t = len(sources)
         # [G, T*Cg, Og]: taps stacked along the contraction, matching gather()
         wcat = weights_matrix(w4, (3, 2), (1,))
-        for j0, j1 in _blocks(grid.rows, t * plan.a_channels * acc.itemsize):
-            np.matmul(ch.gather(sources, j0, j1, acc), wcat, out=ch.grouped(b[j0:j1]))
+        row_bytes = len(sources) * plan.a_channels * acc.itemsize
+
+        def work(lo: int, hi: int) -> None:
+            own = _Channels(plan)       # this thread's gather buffer
+            for j0, j1 in _blocks(lo, hi, row_bytes, of=grid.rows):
+                np.matmul(own.gather(sources, j0, j1, acc), wcat, out=own.grouped(b[j0:j1]))
+
+        split_rows(grid.rows, work, blas=True)
     b = grid.crop(b)
     add_bias(b, bias)
     return to_user_layout(b, plan, out_dtype)
+
+
+def _gather_buffer(lo: int, hi: int, row_bytes: int, acc: np.dtype, of: int) -> np.ndarray:
+    """One flat buffer for the largest block of rows ``lo:hi`` of ``of``
+    (:func:`_gather_channels_first`)."""
+    step = max(j1 - j0 for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of))
+    return np.empty(step * row_bytes // acc.itemsize, dtype=acc)
 
 
 def _gather_channels_first(sources, j0: int, j1: int, ch: _Channels, buf: np.ndarray):
@@ -296,23 +319,32 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
     rows + off_t] for t]``, per block of rows; the result is channels-first already."""
     phases = {phase: grid.phase_rows_channels_first(a, phase, acc) for phase in grid.phases}
     sources = [(phases[phase], off) for phase, off in grid.taps]
-    t = len(sources)
     wcat = weights_matrix(w4, (1,), (3, 2))                      # [G, Og, T*Cg]
-    blocks = list(_blocks(grid.rows, t * plan.a_channels * acc.itemsize, _GROUPED_BLOCK_BYTES))
-    buf = np.empty(t * plan.a_channels * max(j1 - j0 for j0, j1 in blocks), dtype=acc)
+    row_bytes = len(sources) * plan.a_channels * acc.itemsize
     if plan.channels_last:      # rows x channels, as the user's layout: b^T = gathered^T W^T
         b = np.empty((grid.rows, plan.b_channels), dtype=acc)
-        for j0, j1 in blocks:
-            gathered = _gather_channels_first(sources, j0, j1, ch, buf)
-            np.matmul(gathered.transpose(0, 2, 1), wcat.transpose(0, 2, 1),
-                      out=ch.grouped(b[j0:j1]))
+
+        def work(lo: int, hi: int) -> None:
+            buf = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
+            for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+                gathered = _gather_channels_first(sources, j0, j1, ch, buf)
+                np.matmul(gathered.transpose(0, 2, 1), wcat.transpose(0, 2, 1),
+                          out=ch.grouped(b[j0:j1]))
+
+        split_rows(grid.rows, work, blas=True)
         b = grid.crop(b)
         add_bias(b, bias)
         return to_user_layout(b, plan, out_dtype)
     b = np.empty((plan.b_channels, grid.rows), dtype=acc)
     bg = b.reshape(ch.g, ch.og, grid.rows)
-    for j0, j1 in blocks:
-        np.matmul(wcat, _gather_channels_first(sources, j0, j1, ch, buf), out=bg[:, :, j0:j1])
+
+    def work_cf(lo: int, hi: int) -> None:
+        buf = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
+        for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+            np.matmul(wcat, _gather_channels_first(sources, j0, j1, ch, buf),
+                      out=bg[:, :, j0:j1])
+
+    split_rows(grid.rows, work_cf, blas=True)
     # [Cb, N, P..] -> [Cb, N, B..] -> [N, Cb, B..], bias before the one rounding
     crop = b.reshape(plan.b_channels, plan.batch, *grid.p)[
         (slice(None), slice(None), *(slice(0, n) for n in plan.b_spatial))]
@@ -346,12 +378,10 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
     for phase, taps in grid.phases.items():
         sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
         if ch.depthwise and ch.og == 1:
-            tap_sum = _TapSum(np.ascontiguousarray(w4[:, 0, 0, taps].T), grid.rows)  # [n, Ca]
-            for j0, j1 in tap_sum.blocks(grid.rows):
-                tap_sum(rows[j0:j1], sources, j0)
+            _TapSum(np.ascontiguousarray(w4[:, 0, 0, taps].T), grid.rows)(rows, sources)
         elif ch.depthwise:
             w_t = np.ascontiguousarray(w4[:, :, 0, taps].transpose(2, 0, 1))  # [n, G, Og]
-            for j0, j1 in _blocks(grid.rows, plan.b_channels * acc.itemsize):
+            for j0, j1 in _blocks(0, grid.rows, plan.b_channels * acc.itemsize):
                 out = rows[j0:j1]
                 out[...] = 0
                 for (src, off), wt in zip(sources, w_t):
@@ -362,8 +392,15 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
             # [G, n*Og, Cg]: this phase's taps stacked along the contraction
             wcat = np.ascontiguousarray(w4[..., taps].transpose(0, 3, 1, 2)).reshape(
                 ch.g, n * ch.og, ch.cg)
-            for j0, j1 in _blocks(grid.rows, n * plan.b_channels * acc.itemsize):
-                np.matmul(ch.gather(sources, j0, j1, acc), wcat, out=ch.grouped(rows[j0:j1]))
+            row_bytes = n * plan.b_channels * acc.itemsize
+
+            def work(lo: int, hi: int, sources=sources, wcat=wcat, row_bytes=row_bytes) -> None:
+                own = _Channels(plan)
+                for j0, j1 in _blocks(lo, hi, row_bytes, of=grid.rows):
+                    np.matmul(own.gather(sources, j0, j1, acc), wcat,
+                              out=own.grouped(rows[j0:j1]))
+
+            split_rows(grid.rows, work, blas=True)
         yield phase, rows
 
 
@@ -385,13 +422,19 @@ def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.nd
         # [G, Cg, n*Og]: this phase's taps stacked along the contraction, matching buf
         w_t = np.ascontiguousarray(w4[..., taps].transpose(0, 2, 3, 1)).reshape(
             ch.g, ch.cg, n * ch.og)
-        for j0, j1 in _blocks(grid.rows, n * plan.b_channels * acc.itemsize,
-                              _GROUPED_BLOCK_BYTES):
-            buf = np.empty((ch.g, n, ch.og, j1 - j0), dtype=acc)
-            for i, t in enumerate(taps):
-                off = lead - grid.taps[t][1]
-                buf[:, i] = b_cf[:, j0 + off: j1 + off].reshape(ch.g, ch.og, j1 - j0)
-            np.matmul(w_t, buf.reshape(ch.g, n * ch.og, j1 - j0), out=rows[:, :, j0:j1])
+        row_bytes = n * plan.b_channels * acc.itemsize
+
+        def work(lo: int, hi: int, taps=taps, w_t=w_t, row_bytes=row_bytes) -> None:
+            n = len(taps)
+            flat = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
+            for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+                buf = flat[: n * plan.b_channels * (j1 - j0)].reshape(ch.g, n, ch.og, j1 - j0)
+                for i, t in enumerate(taps):
+                    off = lead - grid.taps[t][1]
+                    buf[:, i] = b_cf[:, j0 + off: j1 + off].reshape(ch.g, ch.og, j1 - j0)
+                np.matmul(w_t, buf.reshape(ch.g, n * ch.og, j1 - j0), out=rows[:, :, j0:j1])
+
+        split_rows(grid.rows, work, blas=True)
         yield phase, rows.reshape(plan.a_channels, grid.rows)
 
 
@@ -407,8 +450,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     if ch.depthwise:
         def work(lo: int, hi: int) -> np.ndarray:    # this range's sums, by blocks of rows
             dw = np.zeros((t, ch.g, ch.og), dtype=acc)
-            for j0, j1 in _blocks(hi - lo, plan.b_channels * acc.itemsize):
-                j0, j1 = j0 + lo, j1 + lo
+            for j0, j1 in _blocks(lo, hi, plan.b_channels * acc.itemsize, of=grid.rows):
                 blk = b_rows[j0:j1].reshape(j1 - j0, ch.g, ch.og)
                 for i, (src, off) in enumerate(sources):
                     dw[i] += np.einsum("ngo,ng->go", blk, src[j0 + off: j1 + off])
@@ -420,10 +462,15 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         dw = sum(split_rows(grid.rows, work))
         w4 = dw.transpose(1, 2, 0)[:, :, None, :]                    # [G, Og, 1, T]
     else:
-        dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
-        for j0, j1 in _blocks(grid.rows, t * plan.a_channels * acc.itemsize):
-            blk = ch.grouped(b_rows[j0:j1]).transpose(0, 2, 1)          # [G, Og, n]
-            dwcat += np.matmul(blk, ch.gather(sources, j0, j1, acc))
+        def work_dense(lo: int, hi: int) -> np.ndarray:     # this range's sum
+            own = _Channels(plan)
+            dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
+            for j0, j1 in _blocks(lo, hi, t * plan.a_channels * acc.itemsize, of=grid.rows):
+                blk = own.grouped(b_rows[j0:j1]).transpose(0, 2, 1)         # [G, Og, n]
+                dwcat += np.matmul(blk, own.gather(sources, j0, j1, acc))
+            return dwcat
+
+        dwcat = sum(split_rows(grid.rows, work_dense, blas=True))
         w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)  # [G, Og, Cg, T]
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
@@ -450,10 +497,15 @@ def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         a_r = grid.phase_rows(a, phase, acc)
         sources = [(b_rows, lead - grid.taps[i][1]) for i in taps]
         n = len(taps)
-        dw = np.zeros((ch.g, n * ch.og, ch.cg), dtype=acc)
-        for j0, j1 in _blocks(grid.rows, n * plan.b_channels * acc.itemsize):
-            blk = ch.gather(sources, j0, j1, acc).transpose(0, 2, 1)     # [G, n*Og, rows]
-            dw += np.matmul(blk, ch.grouped(a_r[j0:j1]))
+        def work(lo: int, hi: int, a_r=a_r, sources=sources, n=n) -> np.ndarray:
+            own = _Channels(plan)
+            dw = np.zeros((ch.g, n * ch.og, ch.cg), dtype=acc)
+            for j0, j1 in _blocks(lo, hi, n * plan.b_channels * acc.itemsize, of=grid.rows):
+                blk = own.gather(sources, j0, j1, acc).transpose(0, 2, 1)    # [G, n*Og, rows]
+                dw += np.matmul(blk, own.grouped(a_r[j0:j1]))
+            return dw
+
+        dw = sum(split_rows(grid.rows, work, blas=True))
         # [G, n, Og, Cg] -> the taps' columns of [G, Og, Cg, T]
         w4[..., taps] = dw.reshape(ch.g, n, ch.og, ch.cg).transpose(0, 2, 3, 1)
     canon = w4.reshape(plan.w_shape)
@@ -473,12 +525,17 @@ def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels,
         b_cf = b_rows.reshape(grid.rows, ch.g, ch.og).transpose(1, 2, 0)
     else:
         b_cf = grid.embed_channels_first(b, 0, acc).reshape(ch.g, ch.og, grid.rows)
-    dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
-    blocks = list(_blocks(grid.rows, t * plan.a_channels * acc.itemsize, _GROUPED_BLOCK_BYTES))
-    buf = np.empty(t * plan.a_channels * max(j1 - j0 for j0, j1 in blocks), dtype=acc)
-    for j0, j1 in blocks:
-        gathered = _gather_channels_first(sources, j0, j1, ch, buf)     # [G, T*Cg, n]
-        dwcat += np.matmul(b_cf[:, :, j0:j1], gathered.transpose(0, 2, 1))
+    row_bytes = t * plan.a_channels * acc.itemsize
+
+    def work(lo: int, hi: int) -> np.ndarray:
+        dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
+        buf = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
+        for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+            gathered = _gather_channels_first(sources, j0, j1, ch, buf)     # [G, T*Cg, n]
+            dwcat += np.matmul(b_cf[:, :, j0:j1], gathered.transpose(0, 2, 1))
+        return dwcat
+
+    dwcat = sum(split_rows(grid.rows, work, blas=True))
     w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)    # [G, Og, Cg, T]
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
