@@ -366,3 +366,30 @@ def test_thread_count_from_the_environment(monkeypatch):
             _common.threads()
     finally:
         _common.threads.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize("ic,oc,groups", [(6, 40, 1), (40, 6, 2)])
+@pytest.mark.parametrize("geometry", [
+    dict(strides=2),                                                       # every cell: one term
+    dict(strides=3, pads_begin=1, pads_end=0, output_padding=2),           # gaps between taps
+    dict(strides=(2, 3), pads_begin=(0, 1), pads_end=(1, 0), output_padding=(1, 0))])
+def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, groups, layout,
+                                                           dtype):
+    """A kernel no larger than the stride gives each output cell at most one tap's product:
+    ``overlap`` then copies each product (and the bias) into place instead of summing, and
+    fills the cells no tap reaches with the bias; both internal layouts (the written side's
+    channels decide), with and without gaps."""
+    rng = np.random.default_rng(8)
+    dt = numpy_dtype(dtype)
+    src = (2, ic, 7, 5) if layout == "NCX" else (2, 7, 5, ic)
+    x = rng.standard_normal(src).astype(dt)
+    w = rng.standard_normal((ic, oc // groups, 2, 2)).astype(dt)
+    bias = rng.standard_normal(oc).astype(dt)
+    attrs = dict(geometry, groups=groups, data_format=layout, weights_format="IOX")
+    with polyconv_numpy.strategy(backward_data="overlap"):
+        y = polyconv.conv_transpose(x, w, bias, **attrs)
+    ref = reference("conv_transpose", x, w, bias, **attrs)
+    assert y.shape == ref.shape and y.dtype == dt
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)

@@ -19,6 +19,11 @@ position contributes a term, so NaN and Inf propagate exactly as on :mod:`._exac
 (docs/numerics.md#nan-and-inf). Sums are accumulated in float32 (float64 for float64) and
 rounded to the output dtype once, after the bias (docs/numerics.md#error-bound).
 
+Where the kernel is no larger than the stride, each output position receives at most one
+tap's product: backward_data then copies each product into place (with the bias) instead of
+adding it into zeroed accumulators, and fills only the cells no tap reaches (U-Net's 2x2
+stride-2 up-convolutions: 9.7 -> 6.1 ms at 128->64 on 128x128, nnU-Net's 3-D one 6.1 -> 4.7).
+
 Memory: the product is computed per block of the read side (a few batch elements, or a slab of
 the first spatial axis, about :data:`BLOCK_BYTES`) into one reused buffer. backward_data with
 few channels per group (or channels-first data) accumulates per phase of the output,
@@ -237,9 +242,12 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
     out_cf = np.moveaxis(out_cl, -1, 1).reshape(n, g, cg, *plan.a_spatial)
     sums, scratch = _PhaseSums(plan, acc), _Scratch(acc)
+    single = _one_term_per_cell(plan)
+    if single and not _covered(plan):       # cells no tap reaches: the bias alone
+        out_cl[...] = 0 if bias is None else np.asarray(bias).astype(acc)
     for n0, n1, y0, y1 in _blocks(n, bsp[0], rest * t_n * plan.a_channels * acc.itemsize):
         nb = n1 - n0
-        if (n0, n1) != sums.block:
+        if not single and (n0, n1) != sums.block:
             sums.flush(out_cf, bias)
             sums.start(n0, n1)
         src = bv[n0:n1, :, :, y0:y1]
@@ -254,9 +262,41 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
         # [nb, G, T*Cg, rows]; one channel per group read: a broadcast multiply
         y = scratch.get("y", (nb, g, t_n * cg, x.shape[-1]))
         (np.multiply if og == 1 else np.matmul)(wcf[None], x, out=y)
-        sums.add(y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:]), y0, y1)
-    sums.flush(out_cf, bias)
+        y = y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:])
+        if single:
+            _scatter(out_cf[n0:n1], y, bias, plan, y0, y1)
+        else:
+            sums.add(y, y0, y1)
+    if not single:
+        sums.flush(out_cf, bias)
     return out
+
+
+def _one_term_per_cell(plan: ConvPlan) -> bool:
+    """Whether every position of ``a`` receives at most one tap's product (each phase has at
+    most one tap, e.g. kernel = stride): then no sums are needed, only copies."""
+    return all(len(ts) == 1 for _, ts in phases(plan).by_phase)
+
+
+def _covered(plan: ConvPlan) -> bool:
+    """With :func:`_one_term_per_cell`: whether the taps' in-range windows (disjoint) cover
+    every position of ``a``."""
+    cells = sum(math.prod(len(range(*s.indices(n))) for s, n in zip(a_index, plan.a_spatial))
+                for _, _, a_index in phases(plan).tap_windows)
+    return cells == math.prod(plan.a_spatial)
+
+
+def _scatter(out_cf: np.ndarray, y: np.ndarray, bias: Any, plan: ConvPlan, y0: int,
+             y1: int) -> None:
+    """One term per cell: each tap's product for ``b`` rows ``y0:y1`` (``y``: ``[nb, G, T, Cg,
+    rows..]``), plus the bias, copied into its in-range window of ``out_cf`` (``[nb, G, Cg,
+    A..]``): the one rounding."""
+    full = slice(None)
+    if bias is not None:
+        g, cg = y.shape[1], y.shape[3]
+        y += np.asarray(bias).astype(y.dtype).reshape(g, 1, cg, *(1,) * plan.ndim)
+    for t, b_index, a_index, _ in _windows(plan, y0, y1):
+        out_cf[(full, full, full, *a_index)] = y[(full, full, t, full, *b_index)]
 
 
 def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
@@ -272,23 +312,32 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     b_rest = plan.b_spatial[1:]
     row_bytes = math.prod(b_rest) * wt.t * plan.a_channels * acc.itemsize
     scratch = _Scratch(acc)
+    # one term per cell (e.g. kernel = stride): copies, into an accumulator zeroed only where
+    # some cells receive no term
+    single = _one_term_per_cell(plan)
     for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct, row_bytes,
-                                            (*plan.a_spatial, plan.a_channels), acc):
+                                            (*plan.a_spatial, plan.a_channels), acc,
+                                            zero=not (single and _covered(plan))):
         nb = n1 - n0
         x = np.ascontiguousarray(b_cl[n0:n1, y0:y1], dtype=acc)
         y = wt.product(x.reshape(-1, plan.b_channels), scratch)
         y = y.reshape(nb, y1 - y0, *b_rest, g, wt.t, cg)
         acc_v = buf.reshape(nb, *plan.a_spatial, g, cg)
         for t, b_index, a_index, _ in _windows(plan, y0, y1):
-            view = acc_v[(slice(None), *a_index)]
-            view += y[(slice(None), *b_index, slice(None), t)]
+            src = y[(slice(None), *b_index, slice(None), t)]
+            if single:
+                acc_v[(slice(None), *a_index)] = src
+            else:
+                view = acc_v[(slice(None), *a_index)]
+                view += src
     return out
 
 
 def _accumulated(plan: ConvPlan, out_cl: np.ndarray, bias: Any, direct: bool, row_bytes: int,
-                 shape: tuple[int, ...], acc):
-    """The blocks ``(n0, n1, y0, y1)`` of :func:`_blocks`, each with the zeroed accumulator
-    of its batch block ``n0:n1`` (``shape`` is one batch element's ``(spatial.., channels)``).
+                 shape: tuple[int, ...], acc, zero: bool = True):
+    """The blocks ``(n0, n1, y0, y1)`` of :func:`_blocks`, each with the accumulator of its
+    batch block ``n0:n1``, zeroed unless not ``zero`` (``shape`` is one batch element's
+    ``(spatial.., channels)``).
     ``direct`` accumulates in ``out_cl`` itself; otherwise each batch block's accumulator is
     rounded into ``out_cl``, with the bias, once its last block has been added."""
     buf, prev = None, None
@@ -300,7 +349,8 @@ def _accumulated(plan: ConvPlan, out_cl: np.ndarray, bias: Any, direct: bool, ro
                 buf = out_cl[n0:n1]
             elif buf is None or buf.shape[0] != n1 - n0:
                 buf = np.empty((n1 - n0, *shape), dtype=acc)
-            buf[...] = 0
+            if zero:
+                buf[...] = 0
             prev = (n0, n1)
         yield n0, n1, y0, y1, buf
     if direct:
