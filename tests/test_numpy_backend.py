@@ -52,13 +52,13 @@ def forced(request, monkeypatch):
 
 
 def _split_everything(monkeypatch, threads: int = 3) -> None:
-    from polyconv_numpy import _common, _fast
+    from polyconv_numpy import _common
 
     monkeypatch.setattr(_common, "threads", lambda: threads)
     monkeypatch.setattr(_common, "_MIN_ROWS_PER_THREAD", 1)
     monkeypatch.setattr(_common, "_MIN_BLAS_ROWS_PER_THREAD", 1)
     monkeypatch.setattr(_common.BLAS, "threads", lambda: threads)
-    monkeypatch.setattr(_fast, "_SPLIT_MIN_ROW", 1)
+    monkeypatch.setattr(_common, "SPLIT_MIN_ROW", 1)
 
 
 @pytest.fixture

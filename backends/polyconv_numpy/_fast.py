@@ -36,6 +36,7 @@ from ._common import (
     canonical_weights,
     channels_last_view,
     dtypes,
+    split_products,
     split_rows,
     to_user_layout,
     weights_matrix,
@@ -159,21 +160,6 @@ class _Grid:
     @property
     def small_index(self):
         return (slice(None), *(slice(0, b) for b in self.plan.b_spatial), slice(None))
-
-
-#: values per gathered row (the product's contraction) from which a loop of gathers and
-#: products is split over threads (:func:`_split`)
-_SPLIT_MIN_ROW = 256
-
-
-def _split(rows: int, row: int, work):
-    """:func:`split_rows` for a loop of gathers and matrix products whose gathered rows hold
-    ``row`` values each: split only for a long contraction. With short ones (DCGAN's 64->3
-    forward gathers 48 values a row; the 3-D 64->1 decoder's 27) the threads' many short
-    calls contend for the GIL, and the loop ran 1.1-1.4x slower split."""
-    if row < _SPLIT_MIN_ROW:
-        return [work(0, rows)]
-    return split_rows(rows, work, blas=True)
 
 
 def _blocks(lo: int, hi: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES,
@@ -305,7 +291,7 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
             for j0, j1 in _blocks(lo, hi, row_bytes, of=grid.rows):
                 np.matmul(own.gather(sources, j0, j1, acc), wcat, out=own.grouped(b[j0:j1]))
 
-        _split(grid.rows, row_bytes // acc.itemsize, work)
+        split_products(grid.rows, row_bytes // acc.itemsize, work)
     b = grid.crop(b)
     add_bias(b, bias)
     return to_user_layout(b, plan, out_dtype)
@@ -346,7 +332,7 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
                 np.matmul(gathered.transpose(0, 2, 1), wcat.transpose(0, 2, 1),
                           out=ch.grouped(b[j0:j1]))
 
-        _split(grid.rows, row_bytes // acc.itemsize, work)
+        split_products(grid.rows, row_bytes // acc.itemsize, work)
         b = grid.crop(b)
         add_bias(b, bias)
         return to_user_layout(b, plan, out_dtype)
@@ -359,7 +345,7 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
             np.matmul(wcat, _gather_channels_first(sources, j0, j1, ch, buf),
                       out=bg[:, :, j0:j1])
 
-    _split(grid.rows, row_bytes // acc.itemsize, work_cf)
+    split_products(grid.rows, row_bytes // acc.itemsize, work_cf)
     # [Cb, N, P..] -> [Cb, N, B..] -> [N, Cb, B..], bias before the one rounding
     crop = b.reshape(plan.b_channels, plan.batch, *grid.p)[
         (slice(None), slice(None), *(slice(0, n) for n in plan.b_spatial))]
@@ -415,7 +401,7 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
                     np.matmul(own.gather(sources, j0, j1, acc), wcat,
                               out=own.grouped(rows[j0:j1]))
 
-            _split(grid.rows, row_bytes // acc.itemsize, work)
+            split_products(grid.rows, row_bytes // acc.itemsize, work)
         yield phase, rows
 
 
@@ -449,7 +435,7 @@ def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.nd
                     buf[:, i] = b_cf[:, j0 + off: j1 + off].reshape(ch.g, ch.og, j1 - j0)
                 np.matmul(w_t, buf.reshape(ch.g, n * ch.og, j1 - j0), out=rows[:, :, j0:j1])
 
-        _split(grid.rows, row_bytes // acc.itemsize, work)
+        split_products(grid.rows, row_bytes // acc.itemsize, work)
         yield phase, rows.reshape(plan.a_channels, grid.rows)
 
 
@@ -485,7 +471,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
                 dwcat += np.matmul(blk, own.gather(sources, j0, j1, acc))
             return dwcat
 
-        dwcat = sum(_split(grid.rows, t * plan.a_channels, work_dense))
+        dwcat = sum(split_products(grid.rows, t * plan.a_channels, work_dense))
         w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)  # [G, Og, Cg, T]
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
@@ -520,7 +506,7 @@ def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
                 dw += np.matmul(blk, own.grouped(a_r[j0:j1]))
             return dw
 
-        dw = sum(_split(grid.rows, n * plan.b_channels, work))
+        dw = sum(split_products(grid.rows, n * plan.b_channels, work))
         # [G, n, Og, Cg] -> the taps' columns of [G, Og, Cg, T]
         w4[..., taps] = dw.reshape(ch.g, n, ch.og, ch.cg).transpose(0, 2, 3, 1)
     canon = w4.reshape(plan.w_shape)
@@ -550,7 +536,7 @@ def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels,
             dwcat += np.matmul(b_cf[:, :, j0:j1], gathered.transpose(0, 2, 1))
         return dwcat
 
-    dwcat = sum(_split(grid.rows, row_bytes // acc.itemsize, work))
+    dwcat = sum(split_products(grid.rows, row_bytes // acc.itemsize, work))
     w4 = dwcat.reshape(ch.g, ch.og, t, ch.cg).transpose(0, 1, 3, 2)    # [G, Og, Cg, T]
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
