@@ -162,9 +162,7 @@ def split_rows(rows: int, work: Callable[[int, int], Any], blas: bool = False) -
     if n <= 1:
         return [work(0, rows)]
     bounds = [rows * i // n for i in range(n + 1)]
-    if not blas:
-        return list(_pool(n).map(work, bounds[:-1], bounds[1:]))
-    with BLAS.one_thread():
+    with BLAS.one_thread() if blas else contextlib.nullcontext():
         return list(_pool(n).map(work, bounds[:-1], bounds[1:]))
 
 

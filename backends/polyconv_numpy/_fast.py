@@ -297,11 +297,12 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     return to_user_layout(b, plan, out_dtype)
 
 
-def _gather_buffer(lo: int, hi: int, row_bytes: int, acc: np.dtype, of: int) -> np.ndarray:
-    """One flat buffer for the largest block of rows ``lo:hi`` of ``of``
-    (:func:`_gather_channels_first`)."""
-    step = max(j1 - j0 for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of))
-    return np.empty(step * row_bytes // acc.itemsize, dtype=acc)
+def _gathered_blocks(lo: int, hi: int, row_bytes: int, acc: np.dtype, of: int):
+    """The blocks of rows ``lo:hi`` (of ``of``) for channels-first gathers, and one flat
+    buffer for the largest (:func:`_gather_channels_first`)."""
+    blocks = list(_blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of))
+    step = max(j1 - j0 for j0, j1 in blocks)
+    return blocks, np.empty(step * row_bytes // acc.itemsize, dtype=acc)
 
 
 def _gather_channels_first(sources, j0: int, j1: int, ch: _Channels, buf: np.ndarray):
@@ -326,8 +327,8 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
         b = np.empty((grid.rows, plan.b_channels), dtype=acc)
 
         def work(lo: int, hi: int) -> None:
-            buf = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
-            for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+            blocks, buf = _gathered_blocks(lo, hi, row_bytes, acc, grid.rows)
+            for j0, j1 in blocks:
                 gathered = _gather_channels_first(sources, j0, j1, ch, buf)
                 np.matmul(gathered.transpose(0, 2, 1), wcat.transpose(0, 2, 1),
                           out=ch.grouped(b[j0:j1]))
@@ -340,8 +341,8 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
     bg = b.reshape(ch.g, ch.og, grid.rows)
 
     def work_cf(lo: int, hi: int) -> None:
-        buf = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
-        for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+        blocks, buf = _gathered_blocks(lo, hi, row_bytes, acc, grid.rows)
+        for j0, j1 in blocks:
             np.matmul(wcat, _gather_channels_first(sources, j0, j1, ch, buf),
                       out=bg[:, :, j0:j1])
 
@@ -431,8 +432,8 @@ def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.nd
 
         def work(lo: int, hi: int, taps=taps, w_t=w_t, row_bytes=row_bytes) -> None:
             n = len(taps)
-            flat = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
-            for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+            blocks, flat = _gathered_blocks(lo, hi, row_bytes, acc, grid.rows)
+            for j0, j1 in blocks:
                 buf = flat[: n * plan.b_channels * (j1 - j0)].reshape(ch.g, n, ch.og, j1 - j0)
                 for i, t in enumerate(taps):
                     off = lead - grid.taps[t][1]
@@ -534,8 +535,8 @@ def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels,
 
     def work(lo: int, hi: int) -> np.ndarray:
         dwcat = np.zeros((ch.g, ch.og, t * ch.cg), dtype=acc)
-        buf = _gather_buffer(lo, hi, row_bytes, acc, grid.rows)
-        for j0, j1 in _blocks(lo, hi, row_bytes, _GROUPED_BLOCK_BYTES, of=grid.rows):
+        blocks, buf = _gathered_blocks(lo, hi, row_bytes, acc, grid.rows)
+        for j0, j1 in blocks:
             gathered = _gather_channels_first(sources, j0, j1, ch, buf)     # [G, T*Cg, n]
             dwcat += np.matmul(b_cf[:, :, j0:j1], gathered.transpose(0, 2, 1))
         return dwcat
