@@ -190,6 +190,20 @@ class Phases:
         """Whether every one of the ``prod(s)`` phases has a tap."""
         return len(self.by_phase) == math.prod(self.strides)
 
+    @property
+    def one_tap_per_phase(self) -> bool:
+        """Whether every phase has at most one tap (e.g. kernel <= stride): each position of
+        ``a`` then receives at most one tap's product."""
+        return all(len(ts) == 1 for _, ts in self.by_phase)
+
+    @property
+    def windows_cover(self) -> bool:
+        """With :attr:`one_tap_per_phase` (the windows are then disjoint): whether the taps'
+        in-range windows cover every position of ``a``."""
+        cells = sum(math.prod(len(range(*s.indices(ax.size))) for s, ax in zip(pos, self.axes))
+                    for _, _, pos in self.tap_windows)
+        return cells == math.prod(ax.size for ax in self.axes)
+
     @functools.cached_property
     def tap_windows(self) -> tuple[tuple[int, tuple[slice, ...], tuple[slice, ...]], ...]:
         """``(t, b_index, a_index)`` per tap that meets the data: the spatial slices of the

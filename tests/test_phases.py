@@ -143,3 +143,26 @@ def test_plan_taps_and_windows_match_brute_force(op, src, wts, attrs):
                               zip(i, plan.strides, r, plan.pads_begin))
             covered.append(x)
     assert sorted(covered) == list(itertools.product(*map(range, plan.a_spatial)))
+
+
+@pytest.mark.parametrize("op,src,wts,attrs", [
+    *PLANS,
+    ("conv_transpose", (1, 4, 3, 2), (2, 2, 2, 2), dict(strides=2)),                # covered
+    ("conv_transpose", (1, 4, 3, 2), (2, 2, 2, 2), dict(strides=(3, 2), output_padding=(2, 1))),
+    ("convolution", (1, 9, 8, 2), (2, 3, 2, 2), dict(strides=(2, 3), pads_begin=(1, 0)))])
+def test_one_tap_per_phase_and_cover_match_brute_force(op, src, wts, attrs):
+    # counted from every (y, k) pair directly: how many terms each position of a receives
+    plan = polyconv.infer_shape(op, src, wts, **attrs)
+    terms = dict.fromkeys(itertools.product(*map(range, plan.a_spatial)), 0)
+    for y in itertools.product(*map(range, plan.b_spatial)):
+        for k in itertools.product(*map(range, plan.kernel)):
+            x = tuple(yi * s + ki * d - pb for yi, ki, s, d, pb in
+                      zip(y, k, plan.strides, plan.dilations, plan.pads_begin))
+            if x in terms:
+                terms[x] += 1
+    ph = phases(plan)
+    # one tap per phase: no position gets two terms (the converse holds on these plans,
+    # where every tap meets the data)
+    assert ph.one_tap_per_phase == (max(terms.values()) <= 1)
+    if ph.one_tap_per_phase:
+        assert ph.windows_cover == (min(terms.values()) == 1)

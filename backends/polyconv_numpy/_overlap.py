@@ -242,8 +242,8 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
     out_cf = np.moveaxis(out_cl, -1, 1).reshape(n, g, cg, *plan.a_spatial)
     sums, scratch = _PhaseSums(plan, acc), _Scratch(acc)
-    single = _one_term_per_cell(plan)
-    if single and not _covered(plan):       # cells no tap reaches: the bias alone
+    single = phases(plan).one_tap_per_phase
+    if single and not phases(plan).windows_cover:       # cells no tap reaches: the bias alone
         out_cl[...] = 0 if bias is None else np.asarray(bias).astype(acc)
     for n0, n1, y0, y1 in _blocks(n, bsp[0], rest * t_n * plan.a_channels * acc.itemsize):
         nb = n1 - n0
@@ -270,20 +270,6 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     if not single:
         sums.flush(out_cf, bias)
     return out
-
-
-def _one_term_per_cell(plan: ConvPlan) -> bool:
-    """Whether every position of ``a`` receives at most one tap's product (each phase has at
-    most one tap, e.g. kernel = stride): then no sums are needed, only copies."""
-    return all(len(ts) == 1 for _, ts in phases(plan).by_phase)
-
-
-def _covered(plan: ConvPlan) -> bool:
-    """With :func:`_one_term_per_cell`: whether the taps' in-range windows (disjoint) cover
-    every position of ``a``."""
-    cells = sum(math.prod(len(range(*s.indices(n))) for s, n in zip(a_index, plan.a_spatial))
-                for _, _, a_index in phases(plan).tap_windows)
-    return cells == math.prod(plan.a_spatial)
 
 
 def _scatter(out_cf: np.ndarray, y: np.ndarray, bias: Any, plan: ConvPlan, y0: int,
@@ -314,10 +300,10 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     scratch = _Scratch(acc)
     # one term per cell (e.g. kernel = stride): copies, into an accumulator zeroed only where
     # some cells receive no term
-    single = _one_term_per_cell(plan)
+    single = phases(plan).one_tap_per_phase
     for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct, row_bytes,
                                             (*plan.a_spatial, plan.a_channels), acc,
-                                            zero=not (single and _covered(plan))):
+                                            zero=not (single and phases(plan).windows_cover)):
         nb = n1 - n0
         x = np.ascontiguousarray(b_cl[n0:n1, y0:y1], dtype=acc)
         y = wt.product(x.reshape(-1, plan.b_channels), scratch)
