@@ -70,6 +70,12 @@ class _Grid:
         self.margin = max(off for _, off in self.taps)
         #: the phases some tap reaches, each with its taps' indices
         self.phases: dict[tuple[int, ...], list[int]] = {r: list(ts) for r, ts in ph.by_phase}
+        #: the taps of the phase with the fewest. A loop over phases splits every phase over
+        #: threads or none, by this one: a phase left to BLAS's own threads leaves its workers
+        #: spinning into the next phase's threads (a 3x3 stride-2 layer's four phases gather
+        #: 1-4 taps: with only the 4-tap phase split, 1.55x slower than on one thread; its
+        #: grouped version 1.12x)
+        self.fewest_taps = min(len(ts) for _, ts in ph.by_phase)
 
     def _window(self, phase: tuple[int, ...]):
         """``(grid index, large-tensor index)`` of a phase's in-range cells, or ``None``."""
@@ -377,10 +383,6 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
     lead = grid.margin
     b_rows = grid.embed(b, lead, acc)
     rows = np.empty((grid.rows, plan.a_channels), dtype=acc)
-    # every phase split over threads or none: a phase left to BLAS's own threads leaves its
-    # workers spinning into the next phase's threads (a 3x3 stride-2 layer's four phases
-    # gather 1-4 taps: 1.3x slower with only the 4-tap phase split)
-    shortest = min(len(taps) for taps in grid.phases.values()) * plan.b_channels
     for phase, taps in grid.phases.items():
         sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
         if ch.depthwise and ch.og == 1:
@@ -406,7 +408,7 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
                     np.matmul(own.gather(sources, j0, j1, acc), wcat,
                               out=own.grouped(rows[j0:j1]))
 
-            split_products(grid.rows, shortest, work)
+            split_products(grid.rows, grid.fewest_taps * plan.b_channels, work)
         yield phase, rows
 
 
@@ -440,7 +442,7 @@ def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.nd
                     buf[:, i] = b_cf[:, j0 + off: j1 + off].reshape(ch.g, ch.og, j1 - j0)
                 np.matmul(w_t, buf.reshape(ch.g, n * ch.og, j1 - j0), out=rows[:, :, j0:j1])
 
-        split_products(grid.rows, row_bytes // acc.itemsize, work)
+        split_products(grid.rows, grid.fewest_taps * plan.b_channels, work)
         yield phase, rows.reshape(plan.a_channels, grid.rows)
 
 
@@ -511,7 +513,7 @@ def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
                 dw += np.matmul(blk, own.grouped(a_r[j0:j1]))
             return dw
 
-        dw = sum(split_products(grid.rows, n * plan.b_channels, work))
+        dw = sum(split_products(grid.rows, grid.fewest_taps * plan.b_channels, work))
         # [G, n, Og, Cg] -> the taps' columns of [G, Og, Cg, T]
         w4[..., taps] = dw.reshape(ch.g, n, ch.og, ch.cg).transpose(0, 2, 3, 1)
     canon = w4.reshape(plan.w_shape)
