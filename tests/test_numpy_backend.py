@@ -229,6 +229,19 @@ def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, v
         np.testing.assert_array_equal(y, ref)                            # numbers
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_finiteness_check_finds_any_nonfinite_value(dtype, value):
+    from polyconv_numpy import _finite
+
+    x = np.random.default_rng(8).standard_normal((3, 7, 5)).astype(numpy_dtype(dtype))
+    assert _finite(x, x[:0])
+    for where in ((0, 0, 0), (1, 3, 2), (2, 6, 4)):
+        y = x.copy()
+        y[where] = value
+        assert not _finite(x, y) and not _finite(y)
+
+
 @pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
 def test_nonfinite_input_takes_the_exact_path(op):
     # an inf in the data (not in the weights): the fast path is exact here too, and both
@@ -287,6 +300,27 @@ def test_depthwise_tap_sums_match_the_oracle(op, channels, spatial, strides):
     ref = reference(op, x, w, **attrs)
     assert y.shape == ref.shape
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+
+
+@pytest.mark.parametrize(("offsets", "views"), [
+    ((10, 9, 4, 3), 1),     # a 2x2 grid of offsets (steps -6 and -1): one strided view
+    ((10, 9, 4, 2), 4),     # not a grid: one view per tap
+])
+def test_depthwise_taps_of_one_array_are_read_as_one_view_when_regular(offsets, views):
+    from polyconv_numpy import _depthwise
+
+    rng = np.random.default_rng(7)
+    src = rng.standard_normal((40, 5)).astype(np.float32)
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    b = rng.standard_normal((20, 5)).astype(np.float32)
+    taps = _depthwise.groups([(src, o) for o in offsets], [(0, 0), (0, 1), (1, 0), (1, 1)], w)
+    assert len(taps) == views
+    out = np.empty((20, 5), np.float32)
+    _depthwise.tap_sum(out, taps)
+    windows = np.stack([src[o: o + 20] for o in offsets]).astype(np.float64)   # [T, 20, 5]
+    np.testing.assert_allclose(out, np.einsum("tjc,tc->jc", windows, w), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_depthwise.tap_weights(b, taps),
+                               np.einsum("tjc,jc->tc", windows, b), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

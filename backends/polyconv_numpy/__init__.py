@@ -40,13 +40,23 @@ __all__ = ["BACKEND", "NumpyBackend", "choose", "costs", "strategy"]
 
 
 def _finite(*arrays: Any) -> bool:
-    """Whether every value is finite: one summation pass, no temporary array.
+    """Whether every value is finite: one pass per array, no temporary array.
 
-    A sum that overflows reports ``False`` too; that only sends a call to the exact path.
+    float32: the minimum and the maximum (NaN propagates through both, an infinity is one of
+    them; 3x faster than a float64 sum). Other dtypes: a float64 sum (numpy's min and max of
+    16-bit floats are 5-40x slower); a sum that overflows reports ``False`` too, which only
+    sends a call to the exact path.
     """
     with np.errstate(all="ignore"):
-        return all(np.isfinite(np.add.reduce(np.asarray(x).ravel(), dtype=np.float64))
-                   for x in arrays)
+        for x in arrays:
+            x = np.asarray(x).ravel()
+            if x.dtype == np.float32:
+                ends = (np.minimum.reduce(x), np.maximum.reduce(x)) if x.size else ()
+            else:
+                ends = (np.add.reduce(x, dtype=np.float64),)
+            if not all(np.isfinite(v) for v in ends):
+                return False
+    return True
 
 
 class NumpyBackend:

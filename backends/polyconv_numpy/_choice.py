@@ -263,28 +263,25 @@ def _in_place(plan: ConvPlan) -> bool:
 
 
 #: depthwise forward and backward_weights, per element: the grid's phase split (per value of
-#: ``a``) and its per-tap passes (per grid row, tap and channel: contiguous blocks); the exact
-#: path's per-tap window products (per row of ``b``, tap and channel, plus per run of
-#: channels: a strided window is a loop per row) and its output (per value of ``b``). Fitted
-#: to forward on 24 NXC layers (16-384 channels, 3x3 and 7x7, strides 1 and 2, batches 1 and
-#: 8; 2-CPU AMD EPYC): right on 22, within 12% of the faster on the others; backward_weights
-#: on the same layers: right on 20, within 25%.
-DW_SPLIT_S = 0.55e-9
-DW_GRID_TAP_S = 0.24e-9
-DW_EXACT_TAP_S = 0.35e-9
-DW_EXACT_RUN_S = 4.75e-9
-DW_EXACT_OUT_S = 0.31e-9
+#: ``a``) and its strided-view einsum sums (per grid row, tap and channel, on all CPUs); the
+#: exact path's per-tap window products (per row of ``b``, tap and channel, plus per run of
+#: channels: a strided window is a loop per row). Fitted to both primitives on 24 NXC layers
+#: (16-384 channels, 3x3 and 7x7, strides 1 and 2, batches 1 and 8; 2-CPU AMD EPYC): right on
+#: all 24 forward, and on 23 backward_weights (within 4% on the other).
+DW_SPLIT_S = 0.82e-9
+DW_GRID_TAP_S = 0.062e-9
+DW_EXACT_TAP_S = 0.30e-9
+DW_EXACT_RUN_S = 2.87e-9
 
 
 def _depthwise(z: _Sizes) -> dict[str, float]:
-    """One channel per group, forward and backward_weights: the grid (phase split, then per
-    tap a pass over contiguous blocks) against the exact path (per tap, a product with the
-    window of ``a`` read in place): the grid wins with many taps or few channels, the
-    exact path with a strided 3x3 kernel on wide channels, where the split is the larger
-    part."""
+    """One channel per group, forward and backward_weights: the grid (phase split, then one
+    einsum per phase over a strided view of its taps) against the exact path (per tap, a
+    product with the window of ``a`` read in place): the grid wins with many taps or few
+    channels, the exact path with a strided 3x3 kernel on wide channels, where the split is
+    the larger part."""
     gather = z.item * (z.ma * z.ca * DW_SPLIT_S + z.rows * z.t * z.cb * DW_GRID_TAP_S)
-    exact = z.item * (z.mb * z.t * z.cb * DW_EXACT_TAP_S + z.mb * z.t * DW_EXACT_RUN_S
-                      + z.mb * z.cb * DW_EXACT_OUT_S)
+    exact = z.item * (z.mb * z.t * z.cb * DW_EXACT_TAP_S + z.mb * z.t * DW_EXACT_RUN_S)
     return {"gather": gather, "exact": exact}
 
 

@@ -18,7 +18,7 @@ multiplied once: no Python loop over output elements, no im2col of the whole inp
 each output row. Grid cells outside the data are zeros or are cropped, which is exact for
 finite inputs; ``0 * inf`` would not be, so the backend routes non-finite inputs to
 :mod:`polyconv_numpy._exact`. Groups are a batched matmul over ``G``; one input channel per
-group (depthwise) is a broadcast multiply-add per tap.
+group (depthwise) is a sum of each phase's taps read as one strided view (:mod:`._depthwise`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from ._common import (
     to_user_layout,
     weights_matrix,
 )
+from ._depthwise import groups, tap_sum, tap_weights
 
 _BLOCK_BYTES = 1 << 20   # target size of one gathered block of rows
 _GROUPED_BLOCK_BYTES = 1 << 21
-_DEPTHWISE_BLOCK_BYTES = 1 << 17  # one block of a depthwise sum's rows (stays in L2)
 _CHANNELS_FIRST_MAX = 8  # channels per group up to which backward_data runs channels-first
 _CHANNELS_FIRST_DATA = True  # forward, backward_weights: NCX data channels-first at any width
 
@@ -67,6 +67,7 @@ class _Grid:
         self.taps: list[tuple[tuple[int, ...], int]] = [
             (tap.phase, sum(q * st for q, st in zip(tap.shift, row_strides)))
             for tap in ph.taps]
+        self.ks = [tap.k for tap in ph.taps]     #: each tap's kernel index
         self.margin = max(off for _, off in self.taps)
         #: the phases some tap reaches, each with its taps' indices
         self.phases: dict[tuple[int, ...], list[int]] = {r: list(ts) for r, ts in ph.by_phase}
@@ -180,50 +181,6 @@ def _blocks(lo: int, hi: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES,
         yield j0, min(hi, j0 + step)
 
 
-class _TapSum:
-    """``out[j] = sum_t src_t[j + off_t] * w_t``, one weight per channel and tap (one input
-    channel per group, one output channel per group): per tap one multiply into a scratch
-    block and one add, over cache-sized blocks of rows. The weights are tiled to a few rows, so
-    that numpy runs each operation as loops of about a thousand contiguous values rather than
-    one loop per row of ``C`` (2-3x the time per operation for 96 channels)."""
-
-    def __init__(self, weights: np.ndarray, rows: int):
-        t, c = weights.shape                                     # [T, C]
-        self.c, self.w = c, weights
-        self.r = max(1, min(1024 // c, rows // t))   # rows per tile (all tiles: <= the rows)
-        self.tiles = np.ascontiguousarray(np.broadcast_to(
-            weights[:, None, :], (t, self.r, c))).reshape(t, self.r * c)
-
-    def __call__(self, out: np.ndarray, sources) -> None:
-        """Fill ``out`` (``[rows, C]``, contiguous) with the sum, by blocks that stay in
-        cache. (On one thread: ranges of rows on two threads ran 1.4-2x slower, the many
-        short ufunc calls contending for the GIL.)"""
-        tmp = np.empty(0, dtype=out.dtype)
-        for j0, j1 in _blocks(0, out.shape[0], self.c * self.w.itemsize,
-                              _DEPTHWISE_BLOCK_BYTES):
-            tmp = self._block(out[j0:j1], sources, j0, tmp)
-
-    def _block(self, out: np.ndarray, sources, j0: int, tmp: np.ndarray) -> np.ndarray:
-        """The sum for rows ``j0 .. j0 + n`` into ``out`` (``[n, C]``); ``tmp`` is scratch
-        (returned, grown if it was too small)."""
-        n, c = out.shape
-        if tmp.size < n * c:
-            tmp = np.empty(n * c, dtype=out.dtype)
-        full = n - n % self.r
-        for lo, hi, tiled in ((0, full, True), (full, n, False)):
-            if hi == lo:
-                continue
-            shape = ((hi - lo) // self.r, self.r * c) if tiled else (hi - lo, c)
-            o = out[lo:hi].reshape(shape)
-            scratch = tmp[: (hi - lo) * c].reshape(shape)
-            for t, (src, off) in enumerate(sources):
-                s = src[j0 + off + lo: j0 + off + hi].reshape(shape)
-                np.multiply(s, self.tiles[t] if tiled else self.w[t], out=scratch if t else o)
-                if t:
-                    o += scratch
-        return tmp
-
-
 class _Channels:
     """Channel bookkeeping of one plan: ``G`` groups of ``Cg`` (a side) and ``Og`` (b side)."""
 
@@ -279,7 +236,7 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     sources = [(phases[phase], off) for phase, off in grid.taps]
     b = np.empty((grid.rows, plan.b_channels), dtype=acc)
     if ch.depthwise and ch.og == 1:
-        _TapSum(np.ascontiguousarray(w4[:, 0, 0, :].T), grid.rows)(b, sources)   # [T, Cb]
+        tap_sum(b, groups(sources, grid.ks, np.ascontiguousarray(w4[:, 0, 0, :].T)))
     elif ch.depthwise:      # a channel multiplier: each input channel feeds Og outputs
         w_t = np.ascontiguousarray(w4[:, :, 0, :].transpose(2, 0, 1))    # [T, G, Og]
         for j0, j1 in _blocks(0, grid.rows, plan.b_channels * acc.itemsize):
@@ -386,7 +343,8 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
     for phase, taps in grid.phases.items():
         sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
         if ch.depthwise and ch.og == 1:
-            _TapSum(np.ascontiguousarray(w4[:, 0, 0, taps].T), grid.rows)(rows, sources)
+            tap_sum(rows, groups(sources, [grid.ks[t] for t in taps],
+                                 np.ascontiguousarray(w4[:, 0, 0, taps].T)))
         elif ch.depthwise:
             w_t = np.ascontiguousarray(w4[:, :, 0, taps].transpose(2, 0, 1))  # [n, G, Og]
             for j0, j1 in _blocks(0, grid.rows, plan.b_channels * acc.itemsize):
@@ -455,7 +413,10 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     b_rows = grid.embed(b, 0, acc)
     sources = [(phases[phase], off) for phase, off in grid.taps]
     t = len(sources)
-    if ch.depthwise:
+    if ch.depthwise and ch.og == 1:
+        dw = tap_weights(b_rows, groups(sources, grid.ks, np.zeros((t, ch.g), acc)))
+        w4 = dw.T[:, None, None, :]                                   # [G, 1, 1, T]
+    elif ch.depthwise:      # a channel multiplier
         def work(lo: int, hi: int) -> np.ndarray:    # this range's sums, by blocks of rows
             dw = np.zeros((t, ch.g, ch.og), dtype=acc)
             for j0, j1 in _blocks(lo, hi, plan.b_channels * acc.itemsize, of=grid.rows):
@@ -464,9 +425,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
                     dw[i] += np.einsum("ngo,ng->go", blk, src[j0 + off: j1 + off])
             return dw
 
-        # ranges in parallel: einsum's loops release the GIL for long enough to gain (1.7x
-        # on 2 CPUs for a 7x7 kernel; the per-tap multiply-adds of forward, whose ufunc calls
-        # are shorter, do not gain)
+        # ranges in parallel: einsum's loops release the GIL for long enough to gain
         dw = sum(split_rows(grid.rows, work))
         w4 = dw.transpose(1, 2, 0)[:, :, None, :]                    # [G, Og, 1, T]
     else:
