@@ -37,10 +37,10 @@ _AXES = string.ascii_lowercase.replace("n", "").replace("c", "")
 
 class _Group:
     """Taps reading one array at offsets ``off0 + sum_a i_a * steps[a]``, ``i < shape``;
-    ``w``: their weights ``[*shape, C]``."""
+    ``w``: their weights ``[*shape, C]`` (``None`` for a weight gradient)."""
 
     def __init__(self, taps: list[int], src: np.ndarray, off0: int, shape: tuple[int, ...],
-                 steps: tuple[int, ...], w: np.ndarray):
+                 steps: tuple[int, ...], w: np.ndarray | None):
         c = src.shape[1]
         assert src.strides == (c * src.itemsize, src.itemsize)
         self.taps = taps            # indices into the sources
@@ -71,11 +71,11 @@ class _Group:
             self.w[..., None, :], (*self.shape, r, c))).reshape(*self.shape, r * c)
 
 
-def groups(sources, ks, weights: np.ndarray) -> list[_Group]:
+def groups(sources, ks, weights: np.ndarray | None = None) -> list[_Group]:
     """The taps ``sources`` (``(array, row offset)`` each, with kernel indices ``ks`` and
-    weights ``[T, C]``) as groups of one array with regularly spaced offsets: one group per
-    array whose taps form a full grid of kernel indices in row-major order (always the case for
-    a phase's taps), else one group per tap."""
+    weights ``[T, C]``, none for a weight gradient) as groups of one array with regularly
+    spaced offsets: one group per array whose taps form a full grid of kernel indices in
+    row-major order (always the case for a phase's taps), else one group per tap."""
     out: list[_Group] = []
     by_src: dict[int, list[int]] = {}
     for i, (src, _) in enumerate(sources):
@@ -96,10 +96,11 @@ def groups(sources, ks, weights: np.ndarray) -> list[_Group]:
                 for a, (n, s) in enumerate(zip(shape, steps)))
             regular = bool(np.array_equal(grid, expect))
         if regular:
-            out.append(_Group(idx, src, int(offs[0]), shape, steps,
-                              weights[idx].reshape(*shape, -1)))
+            w = None if weights is None else weights[idx].reshape(*shape, -1)
+            out.append(_Group(idx, src, int(offs[0]), shape, steps, w))
         else:
-            out.extend(_Group([i], src, int(offs[j]), (1,), (0,), weights[[i]])
+            out.extend(_Group([i], src, int(offs[j]), (1,), (0,),
+                              None if weights is None else weights[[i]])
                        for j, i in enumerate(idx))
     return out
 
@@ -116,9 +117,10 @@ def _pieces(lo: int, hi: int, c: int, itemsize: int, r: int):
             yield j0 + n - n % r, n % r, 1
 
 
-def _split(rows: int, row_values: int, work) -> list:
-    """``work`` over ranges of rows on threads (:func:`split_rows`) when there is enough."""
-    if rows * row_values < _SPLIT_MIN_VALUES:
+def _split(rows: int, c: int, taps: list[_Group], work) -> list:
+    """``work`` over ranges of rows on threads (:func:`split_rows`) when there is enough:
+    ``rows`` x the taps x ``c`` channels values."""
+    if rows * c * sum(len(g.taps) for g in taps) < _SPLIT_MIN_VALUES:
         return [work(0, rows)]
     return split_rows(rows, work)
 
@@ -133,16 +135,16 @@ def tap_sum(out: np.ndarray, taps: list[_Group]) -> None:
         tmp: np.ndarray | None = None
         for j0, tiles, r in _pieces(lo, hi, c, out.itemsize, r_full):
             o = out[j0: j0 + tiles * r].reshape(tiles, r * c)
-            for i, (g, w) in enumerate(zip(taps, weights[r])):
-                if i:
-                    if tmp is None or tmp.size < o.size:    # the first block is the largest
-                        tmp = np.empty(o.size, out.dtype)
-                    part = tmp[: o.size].reshape(o.shape)
-                g.product(j0, tiles, r, w, out=part if i else o)
-                if i:
-                    o += part
+            (g0, w0), *rest = zip(taps, weights[r])
+            g0.product(j0, tiles, r, w0, out=o)
+            if rest and (tmp is None or tmp.size < o.size):    # the first block is the largest
+                tmp = np.empty(o.size, out.dtype)
+            for g, w in rest:
+                part = tmp[: o.size].reshape(o.shape)
+                g.product(j0, tiles, r, w, out=part)
+                o += part
 
-    _split(rows, c * sum(g.w.size // c for g in taps), work)
+    _split(rows, c, taps, work)
 
 
 def tap_weights(b_rows: np.ndarray, taps: list[_Group]) -> np.ndarray:
@@ -162,7 +164,7 @@ def tap_weights(b_rows: np.ndarray, taps: list[_Group]) -> np.ndarray:
                     *g.shape, r, c).sum(axis=-2)
         return sums
 
-    parts: Any = _split(rows, c * sum(g.w.size // c for g in taps), work)
+    parts: Any = _split(rows, c, taps, work)
     dw = np.empty((sum(len(g.taps) for g in taps), c), dtype=b_rows.dtype)
     for i, g in enumerate(taps):
         dw[g.taps] = sum(p[i] for p in parts).reshape(len(g.taps), c)

@@ -414,7 +414,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     sources = [(phases[phase], off) for phase, off in grid.taps]
     t = len(sources)
     if ch.depthwise and ch.og == 1:
-        dw = tap_weights(b_rows, groups(sources, grid.ks, np.zeros((t, ch.g), acc)))
+        dw = tap_weights(b_rows, groups(sources, grid.ks))
         w4 = dw.T[:, None, None, :]                                   # [G, 1, 1, T]
     elif ch.depthwise:      # a channel multiplier
         def work(lo: int, hi: int) -> np.ndarray:    # this range's sums, by blocks of rows
