@@ -90,6 +90,22 @@ def test_inexact_lowerings_are_never_candidates():
     assert "subpixel" in _choice.candidates("backward_data", k4.with_(dtype="float32"))
 
 
+@pytest.mark.parametrize("groups", [2, 32, 33, 144])
+def test_per_group_lowerings_are_candidates_up_to_their_bound(groups):
+    """``grouped`` holds one problem per group, and XLA's compile time grows with their count
+    (144 groups: minutes), so it is neither measured nor chosen past its bound; every other
+    candidate still is."""
+    from polyconv_jax._forward import GROUPED_MAX_GROUPS
+
+    channels = 2 * groups
+    plan = polyconv.infer_shape("Convolution", (2, 9, 9, channels), (3, 3, 2, channels),
+                                strides=2, pads_begin=1, pads_end=1, groups=groups)
+    for primitive in ("backward_data", "backward_weights"):
+        names = _choice.candidates(primitive, plan, platform="cpu")
+        assert ("grouped" in names) == (groups <= GROUPED_MAX_GROUPS), (primitive, names)
+        assert _choice.policy(primitive, plan, platform="cpu") in names
+
+
 def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({}, calls))

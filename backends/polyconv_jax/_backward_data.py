@@ -18,6 +18,7 @@ from polyconv import ConvPlan
 
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
+    GROUPED_MAX_GROUPS,
     channel_vector,
     few_per_group,
     group_channels,
@@ -307,7 +308,7 @@ def applicable(plan: ConvPlan, lowering: str) -> bool:
     if lowering == "elementwise":
         return plan.b_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
     if lowering == "grouped":
-        return plan.groups > 1
+        return 1 < plan.groups <= GROUPED_MAX_GROUPS
     if lowering == "matmul_overlap_add":
         return plan.groups == 1
     return lowering in BACKWARD_DATA
@@ -358,7 +359,8 @@ def choose_backward_data(plan: ConvPlan) -> str:
     2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution).
        Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
     3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
-       up to 32 groups, else ``phases_matmul`` (products batched over the groups).
+       up to :data:`~polyconv_jax._forward.GROUPED_MAX_GROUPS` groups, else
+       ``phases_matmul`` (products batched over the groups).
     4. At most one tap per phase (k2 s2, k1 s2, ...): ``phases_matmul`` (each phase is one
        plain matrix product).
     5. Narrow channels (``min(Cb, Ca) <= 16``): ``subpixel_matmul`` where exact, else
@@ -378,7 +380,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
     if narrow(plan):
         return "matmul_overlap_add"
     if g > 1:
-        return "grouped" if g <= 32 else "phases_matmul"
+        return "grouped" if g <= GROUPED_MAX_GROUPS else "phases_matmul"
     axes = _phases(plan)
     if all(len(taps) <= 1 for p in axes for taps in p.taps):
         return "phases_matmul"

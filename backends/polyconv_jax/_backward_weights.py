@@ -13,6 +13,7 @@ from polyconv import ConvPlan
 from ._backward_data import narrow
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
+    GROUPED_MAX_GROUPS,
     few_per_group,
     group_channels,
     pad_large,
@@ -212,7 +213,7 @@ def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
         return (plan.b_channels == plan.groups
                 and plan.a_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS)
     if lowering == "grouped":
-        return plan.groups > 1
+        return 1 < plan.groups <= GROUPED_MAX_GROUPS
     if lowering == "bands":
         return 1 < plan.batch * len(band_edges(plan)) <= BAND_PIECES
     if lowering == "patches_matmul":
@@ -238,7 +239,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     if plan.groups > 1:
         if plan.b_channels == plan.groups and few_per_group(plan, plan.a_channels):
             return "depthwise"
-        return "grouped" if plan.groups <= 32 else "direct"
+        return "grouped" if plan.groups <= GROUPED_MAX_GROUPS else "direct"
     if plan.ndim >= 3 and any(s > 1 for s in plan.strides):
         return "phases"
     if (plan.ndim == 2 and all(s == 1 for s in plan.strides)

@@ -156,6 +156,12 @@ def _forward_patches(plan: ConvPlan, precision, a, w):
 #: data tensor
 PATCHES_MAX_GROWTH = 32
 
+#: the per-group lowerings (``grouped``: one ungrouped problem per group) apply up to this many
+#: groups. Their programs hold a problem per group, and XLA compiles them in time that grows
+#: with the count: a depthwise weight gradient of 144 groups took 145 s to compile (and ran
+#: 12x slower than ``depthwise``), so beyond this they are neither chosen nor measured.
+GROUPED_MAX_GROUPS = 32
+
 #: the elementwise lowerings handle at most this many channels per group on their
 #: contracted side (their cost grows with it; a matrix product's does not)
 ELEMENTWISE_MAX_CHANNELS = 8
