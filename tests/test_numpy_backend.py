@@ -26,6 +26,7 @@ FORCED = {
     "exact": "exact",
     "gather": "gather",
     "overlap": "overlap,backward_weights=gather_b",
+    "window": "forward=window",     # depthwise channels-last forwards; elsewhere gather
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -35,7 +36,7 @@ LAYOUTS = ("default", "channels-last", "threads")
 
 
 @pytest.fixture(params=[(f, lay) for f in sorted(FORCED) for lay in LAYOUTS
-                        if f != "exact" or lay == "default"],
+                        if f not in ("exact", "window") or lay != "channels-last"],
                 ids=lambda p: "-".join(p))
 def forced(request, monkeypatch):
     name, layout = request.param
@@ -59,6 +60,10 @@ def _split_everything(monkeypatch, threads: int = 3) -> None:
     monkeypatch.setattr(_common, "_MIN_BLAS_ROWS_PER_THREAD", 1)
     monkeypatch.setattr(_common.BLAS, "threads", lambda: threads)
     monkeypatch.setattr(_common, "SPLIT_MIN_ROW", 1)
+    from polyconv_numpy import _depthwise, _window
+
+    monkeypatch.setattr(_depthwise, "SPLIT_MIN_VALUES", 0)
+    monkeypatch.setattr(_window, "_BLOCK_BYTES", 1)         # a block per output line
 
 
 @pytest.fixture
@@ -151,7 +156,10 @@ def test_depthwise_choice_and_memory(layout):
         weights_format="XIO"), dtype="float32")
     for primitive in ("forward", "backward_weights"):
         assert polyconv_numpy.choose(primitive, big) == "gather"
-        assert polyconv_numpy.choose(primitive, wide) == "exact"
+    # the strided 3x3 forward: blocks of output lines over padded copies of what they read
+    # (no phase split at all), 2.4x faster than the grid and 4x than the exact path
+    assert polyconv_numpy.choose("forward", wide) == "window"
+    assert polyconv_numpy.choose("backward_weights", wide) == "exact"
     if layout == "NCX":                  # the exact path would not read it in place
         assert polyconv_numpy.choose("forward", plan) == "gather"
     import tracemalloc
@@ -260,7 +268,7 @@ def test_nonfinite_input_takes_the_exact_path(op):
     assert np.isinf(y).any() and np.isfinite(y).any()
 
 
-@pytest.mark.parametrize("strategy", ["default", "gather", "overlap"])
+@pytest.mark.parametrize("strategy", ["default", "gather", "overlap", "window"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
 def test_peak_memory_at_most_twice_inputs_and_output(case, strategy):
@@ -427,4 +435,37 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
         y = polyconv.conv_transpose(x, w, bias, **attrs)
     ref = reference("conv_transpose", x, w, bias, **attrs)
     assert y.shape == ref.shape and y.dtype == dt
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize(("spatial", "kernel", "attrs"), [
+    ((37, 29), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    ((30, 17), (7, 7), dict(strides=1, pads_begin=3, pads_end=3)),
+    ((19, 23), (3, 2), dict(strides=(2, 3), pads_begin=(2, 0), pads_end=(0, 2), dilations=(2, 1))),
+    ((41,), (5,), dict(strides=3, pads_begin=4, pads_end=0)),
+    ((6, 9, 11), (3, 3, 3), dict(strides=(1, 2, 2), pads_begin=(1, 0, 1), pads_end=(1, 1, 0))),
+])
+@pytest.mark.parametrize("block_bytes", [1, 4096, 1 << 18])
+def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block_bytes,
+                                            monkeypatch):
+    # the window strategy's blocks of output lines (one line, several, a whole image), each
+    # over a zero-padded copy of the input lines it reads: first and last blocks meet the
+    # padding, inner ones do not; split over threads
+    from polyconv_numpy import _window
+
+    _split_everything(monkeypatch)
+    monkeypatch.setattr(_window, "_BLOCK_BYTES", block_bytes)
+    channels = 6
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, *spatial, channels)).astype(numpy_dtype(dtype))
+    w = rng.standard_normal((*kernel, 1, channels)).astype(numpy_dtype(dtype))
+    bias = rng.standard_normal(channels).astype(numpy_dtype(dtype))
+    attrs = dict(attrs, groups=channels, data_format="NXC", weights_format="XIO")
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).with_(dtype=dtype)
+    assert _window.applies(plan)
+    with polyconv_numpy.strategy(forward="window"):
+        y = polyconv.convolution(x, w, bias, **attrs)
+    ref = reference("convolution", x, w, bias, **attrs)
+    assert y.shape == ref.y.shape and y.dtype == x.dtype
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)

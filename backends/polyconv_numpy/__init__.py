@@ -14,6 +14,10 @@ model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRA
   writes, and its product is ``T`` times as wide: good when the written side is narrow.
 * ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
   the large tensor's; good when the small tensor has the fewer channels.
+* ``window`` (:mod:`._window`, depthwise forward on channels-last data): blocks of output
+  lines, each one einsum over the tap windows of a cache-sized, zero-padded copy of the input
+  lines it reads (no phase split, no padded copy of the whole input): good for strided 3x3
+  depthwise layers.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -33,7 +37,7 @@ import numpy as np
 from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
-from . import _exact, _fast, _overlap
+from . import _exact, _fast, _overlap, _window
 from ._choice import choose, costs, strategy
 
 __all__ = ["BACKEND", "NumpyBackend", "choose", "costs", "strategy"]
@@ -91,7 +95,10 @@ class NumpyBackend:
         # the grid adds only 0 * w terms (padding, cropped rows): a finite w keeps them exact
         with np.errstate(invalid="ignore"):
             name = self._strategy("forward", plan, w)
-            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact}[name]
+            if name == "window" and not _window.applies(plan):
+                name = "gather"         # forced where it does not apply
+            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact,
+                    "window": _window}[name]
             return impl.forward(plan, a, w, bias)
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:

@@ -13,13 +13,16 @@ backward_weights    gather ``a``'s taps against ``b``            ``gather_b``: p
                                                                  gather ``b``'s taps against it
 ==================  ===========================================  ==============================
 
-``exact`` (per tap, in-range windows only) computes every primitive too; non-finite inputs take
-it unless the chosen strategy is ``overlap``, which adds in-range products only and so
-propagates NaN and Inf exactly as well. The cost model also offers it for one channel per group
-(depthwise) in forward and backward_weights, where it reads the data in place: there is no
-product to speak of, and it skips the grid's copy of ``a`` into phases. The grid's per-tap
-sums over contiguous blocks usually win (up to 3.2x forward and 4.5x backward_weights for 7x7
-kernels); the exact path wins for strided 3x3 kernels on wide channels (:func:`_depthwise`).
+``window`` (:mod:`._window`) computes the depthwise forward on channels-last data by blocks of
+output lines over zero-padded copies of the input lines they read; forced on another plan it
+takes ``gather``. ``exact`` (per tap, in-range windows only) computes every primitive too;
+non-finite inputs take it unless the chosen strategy is ``overlap``, which adds in-range
+products only and so propagates NaN and Inf exactly as well. The cost model also offers it for
+one channel per group (depthwise) in forward and backward_weights, where it reads the data in
+place: there is no product to speak of, and it skips the grid's copy of ``a`` into phases. The
+grid's per-tap sums over contiguous blocks usually win (up to 3.2x forward and 4.5x
+backward_weights for 7x7 kernels); the exact path wins the weight gradient of strided 3x3
+kernels on wide channels (:func:`_depthwise`), ``window`` their forward.
 
 Forcing (tests, benchmarks): the :func:`strategy` context manager, or the environment variable
 ``POLYCONV_NUMPY_STRATEGY`` read at each call, e.g. ``overlap`` (every primitive that has it;
@@ -38,10 +41,12 @@ from collections.abc import Iterator
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
+from ._window import applies as window_applies
+
 ENV = "POLYCONV_NUMPY_STRATEGY"
 
 STRATEGIES: dict[str, tuple[str, ...]] = {
-    "forward": ("gather", "overlap", "exact"),
+    "forward": ("gather", "overlap", "exact", "window"),
     "backward_data": ("gather", "overlap", "exact"),
     "backward_weights": ("gather", "gather_b", "exact"),
 }
@@ -209,6 +214,8 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):
         dw = _depthwise(z)
         out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
+    if primitive == "forward" and window_applies(plan):
+        out["window"] = z.item * (z.mb * z.t * z.cb * WINDOW_TAP_S + z.ma * z.ca * WINDOW_COPY_S)
     return out
 
 
@@ -272,6 +279,14 @@ DW_SPLIT_S = 0.82e-9
 DW_GRID_TAP_S = 0.062e-9
 DW_EXACT_TAP_S = 0.30e-9
 DW_EXACT_RUN_S = 2.87e-9
+
+
+#: depthwise forward by windows (:mod:`._window`), per element: its einsum (per output value
+#: and tap, on all CPUs) and its padded copy of the input (per input value). Fitted on
+#: MobileNetV2's 3x3 layers (stride 2 on 96 channels, stride 1 on 144) and ConvNeXt-T's 7x7,
+#: batch 8 (2-CPU AMD EPYC): 6.4, 6.3 and 15 ms.
+WINDOW_TAP_S = 0.125e-9
+WINDOW_COPY_S = 0.35e-9
 
 
 def _depthwise(z: _Sizes) -> dict[str, float]:

@@ -31,7 +31,7 @@ _BLOCK_BYTES = 1 << 18      # one block of output rows per einsum call (stays in
 #: values (rows x taps x channels) from which a sum is split over threads: below, the threads'
 #: start-up outweighs the gain (a 3x3 stride-2 ConvTranspose's phases on 64 channels, 0.5-2M
 #: values each: 1.75 ms split, 1.42 on one thread)
-_SPLIT_MIN_VALUES = 1 << 23
+SPLIT_MIN_VALUES = 1 << 23
 _AXES = string.ascii_lowercase.replace("n", "").replace("c", "")
 
 
@@ -120,7 +120,7 @@ def _pieces(lo: int, hi: int, c: int, itemsize: int, r: int):
 def _split(rows: int, c: int, taps: list[_Group], work) -> list:
     """``work`` over ranges of rows on threads (:func:`split_rows`) when there is enough:
     ``rows`` x the taps x ``c`` channels values."""
-    if rows * c * sum(len(g.taps) for g in taps) < _SPLIT_MIN_VALUES:
+    if rows * c * sum(len(g.taps) for g in taps) < SPLIT_MIN_VALUES:
         return [work(0, rows)]
     return split_rows(rows, work)
 
