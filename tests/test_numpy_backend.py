@@ -26,7 +26,8 @@ FORCED = {
     "exact": "exact",
     "gather": "gather",
     "overlap": "overlap,backward_weights=gather_b",
-    "window": "forward=window",     # depthwise channels-last forwards; elsewhere gather
+    # depthwise channels-last forwards and weight gradients; elsewhere gather
+    "window": "forward=window,backward_weights=window",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -146,20 +147,21 @@ def test_depthwise_choice_and_memory(layout):
                              (32, 1, 3, 3), groups=32, pads_begin=1, pads_end=1,
                              data_format=layout, weights_format="XIO" if layout == "NXC"
                              else "OIX"), dtype="float32")
-    # the grid for a 7x7 kernel (49 taps amortize its phase split), the in-place windows for
-    # a strided 3x3 kernel on wide channels, where the split costs the most
+    # a strided 3x3 kernel on wide channels, where the grid's phase split costs the most, and
+    # a 7x7 kernel (49 taps amortize it)
     wide = dataclasses.replace(polyconv.infer_shape(
         "convolution", (8, 112, 112, 96), (3, 3, 1, 96), strides=2, groups=96, pads_begin=1,
         pads_end=1, weights_format="XIO"), dtype="float32")
     big = dataclasses.replace(polyconv.infer_shape(
         "convolution", (8, 56, 56, 96), (7, 7, 1, 96), groups=96, pads_begin=3, pads_end=3,
         weights_format="XIO"), dtype="float32")
-    for primitive in ("forward", "backward_weights"):
-        assert polyconv_numpy.choose(primitive, big) == "gather"
-    # the strided 3x3 forward: blocks of output lines over padded copies of what they read
-    # (no phase split at all), 2.4x faster than the grid and 4x than the exact path
+    # blocks of output lines over padded copies of what they read (no phase split at all):
+    # the strided 3x3 forward 2.4x faster than the grid and 4x than the exact path, its
+    # weight gradient 1.7x; the 7x7 forward 1.4x, but its weight gradient keeps the grid
     assert polyconv_numpy.choose("forward", wide) == "window"
-    assert polyconv_numpy.choose("backward_weights", wide) == "exact"
+    assert polyconv_numpy.choose("backward_weights", wide) == "window"
+    assert polyconv_numpy.choose("forward", big) == "window"
+    assert polyconv_numpy.choose("backward_weights", big) == "gather"
     if layout == "NCX":                  # the exact path would not read it in place
         assert polyconv_numpy.choose("forward", plan) == "gather"
     import tracemalloc
@@ -449,9 +451,9 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
 @pytest.mark.parametrize("block_bytes", [1, 4096, 1 << 18])
 def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block_bytes,
                                             monkeypatch):
-    # the window strategy's blocks of output lines (one line, several, a whole image), each
-    # over a zero-padded copy of the input lines it reads: first and last blocks meet the
-    # padding, inner ones do not; split over threads
+    # forward and weight gradient: the window strategy's blocks of output lines (one line,
+    # several, a whole image), each over a zero-padded copy of the input lines it reads: first
+    # and last blocks meet the padding, inner ones do not; split over threads
     from polyconv_numpy import _window
 
     _split_everything(monkeypatch)
@@ -464,8 +466,12 @@ def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block
     attrs = dict(attrs, groups=channels, data_format="NXC", weights_format="XIO")
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).with_(dtype=dtype)
     assert _window.applies(plan)
-    with polyconv_numpy.strategy(forward="window"):
+    g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
+    with polyconv_numpy.strategy(forward="window", backward_weights="window"):
         y = polyconv.convolution(x, w, bias, **attrs)
-    ref = reference("convolution", x, w, bias, **attrs)
-    assert y.shape == ref.y.shape and y.dtype == x.dtype
-    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+        dw = polyconv.convolution_backward_weights(x, g, w.shape, **attrs)
+    for got, ref in ((y, reference("convolution", x, w, bias, **attrs)),
+                     (dw, reference("convolution_backward_weights", x, g, weights_shape=w.shape,
+                                     **attrs))):
+        assert got.shape == ref.y.shape and got.dtype == x.dtype
+        assert_within_bound(got, ref.y, ref.abs_sum, ref.n, dtype)

@@ -14,10 +14,10 @@ model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRA
   writes, and its product is ``T`` times as wide: good when the written side is narrow.
 * ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
   the large tensor's; good when the small tensor has the fewer channels.
-* ``window`` (:mod:`._window`, depthwise forward on channels-last data): blocks of output
-  lines, each one einsum over the tap windows of a cache-sized, zero-padded copy of the input
-  lines it reads (no phase split, no padded copy of the whole input): good for strided 3x3
-  depthwise layers.
+* ``window`` (:mod:`._window`, depthwise forward and backward_weights on channels-last data):
+  blocks of output lines, each one einsum over the tap windows of a cache-sized, zero-padded
+  copy of the input lines it reads (no phase split, no padded copy of the whole input): good
+  for strided 3x3 depthwise layers.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -111,9 +111,12 @@ class NumpyBackend:
         # here zero rows of b meet values of a, and padding zeros meet values of b
         with np.errstate(invalid="ignore"):
             name = self._strategy("backward_weights", plan, a, b)
+            if name == "window" and not _window.applies(plan):
+                name = "gather"         # forced where it does not apply
             fn = {"gather": _fast.backward_weights,
                   "gather_b": _fast.backward_weights_gather_b,
-                  "exact": _exact.backward_weights}[name]
+                  "exact": _exact.backward_weights,
+                  "window": _window.backward_weights}[name]
             return fn(plan, a, b)
 
 

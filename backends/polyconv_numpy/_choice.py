@@ -48,7 +48,7 @@ ENV = "POLYCONV_NUMPY_STRATEGY"
 STRATEGIES: dict[str, tuple[str, ...]] = {
     "forward": ("gather", "overlap", "exact", "window"),
     "backward_data": ("gather", "overlap", "exact"),
-    "backward_weights": ("gather", "gather_b", "exact"),
+    "backward_weights": ("gather", "gather_b", "exact", "window"),
 }
 
 _FORCED: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
@@ -214,8 +214,9 @@ def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):
         dw = _depthwise(z)
         out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
-    if primitive == "forward" and window_applies(plan):
-        out["window"] = z.item * (z.mb * z.t * z.cb * WINDOW_TAP_S + z.ma * z.ca * WINDOW_COPY_S)
+    if primitive != "backward_data" and window_applies(plan):
+        tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
+        out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
     return out
 
 
@@ -281,12 +282,16 @@ DW_EXACT_TAP_S = 0.30e-9
 DW_EXACT_RUN_S = 2.87e-9
 
 
-#: depthwise forward by windows (:mod:`._window`), per element: its einsum (per output value
-#: and tap, on all CPUs) and its padded copy of the input (per input value). Fitted on
-#: MobileNetV2's 3x3 layers (stride 2 on 96 channels, stride 1 on 144) and ConvNeXt-T's 7x7,
-#: batch 8 (2-CPU AMD EPYC): 6.4, 6.3 and 15 ms.
-WINDOW_TAP_S = 0.125e-9
-WINDOW_COPY_S = 0.35e-9
+#: depthwise forward and backward_weights by windows (:mod:`._window`), per element: the
+#: einsum (per output value and tap, on all CPUs) and the padded copy of the input (per input
+#: value). Fitted on MobileNetV2's 3x3 layers (stride 2 on 96 channels, stride 1 on 144) and
+#: ConvNeXt-T's 7x7, batch 8, as ratios to the grid on the same host (2-CPU AMD EPYC, OpenBLAS
+#: on its AVX-512 kernels: grid/window 2.4, 0.92, 1.39 forward; 1.68, 1.20, 0.87 for the
+#: weights) applied to the grid's estimates, whose constants came from a host running AVX2
+#: kernels: the choice follows the measured order on 5 of the 6.
+WINDOW_TAP_S = 0.06e-9
+WINDOW_GRAD_TAP_S = 0.1e-9
+WINDOW_COPY_S = 0.34e-9
 
 
 def _depthwise(z: _Sizes) -> dict[str, float]:

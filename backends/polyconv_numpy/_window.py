@@ -1,11 +1,13 @@
-"""Depthwise forward by windows: blocks of output lines over a padded copy of what they read.
+"""Depthwise forward and weight gradient by windows: blocks of output lines over a padded copy
+of what they read.
 
 ``b[n, y.., c] = sum_k a[n, y*s + k*d - pb, c] * W[c, k]`` with one input and one output
 channel per group. The output is cut into blocks of lines along its first spatial axis (a few
 hundred KB each). For each block the input lines its taps read are copied, zero-padded on
 every spatial axis and in the accumulation dtype, into a buffer that stays in cache; the taps'
 windows of that buffer are one strided view ``[lines, B.., K.., C]``, and one ``np.einsum``
-multiplies and sums them into the block. Nothing the size of the input is ever padded,
+multiplies and sums them into the block (the weight gradient: sums them against the block's
+lines of ``b``, per thread, added up at the end). Nothing the size of the input is ever padded,
 split into phases or gathered, so the data crosses memory once; the blocks run on threads
 (einsum releases the GIL).
 
@@ -38,13 +40,12 @@ def applies(plan: ConvPlan) -> bool:
 
 
 class _Windows:
-    """One call's blocks: the weights ``[K.., C]``, the output, and where ``a``'s in-range
-    rows lie on a block's buffer along every axis but the first (the rest stays zero)."""
+    """One call's blocks of lines of ``b``, each over a zero-padded buffer of the lines of
+    ``a`` that its taps read; where ``a``'s in-range rows lie on that buffer along every axis
+    but the first (the rest stays zero)."""
 
-    def __init__(self, plan: ConvPlan, a: np.ndarray, w: Any, acc: np.dtype):
-        self.plan, self.a, c, nd = plan, a, plan.a_channels, plan.ndim
-        self.wk = np.ascontiguousarray(np.moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
-        self.b = np.empty((plan.batch, *plan.b_spatial, c), dtype=acc)
+    def __init__(self, plan: ConvPlan, a: np.ndarray, acc: np.dtype):
+        self.plan, self.a, self.acc, c, nd = plan, a, acc, plan.a_channels, plan.ndim
         self.lines, self.per_line = plan.b_spatial[0], math.prod(plan.b_spatial[1:])
         self.per_block = max(1, min(self.lines,
                                     _BLOCK_BYTES // max(self.per_line * c * acc.itemsize, 1)))
@@ -60,12 +61,14 @@ class _Windows:
             self.inner.append(slice(lo + pb, hi + pb))
             self.source.append(slice(lo, hi))
         letters = string.ascii_lowercase[: 2 * nd]
-        self.spec = f"{letters}z,{letters[nd:]}z->{letters[:nd]}z"
+        self.spec = f"{letters}z,{letters[nd:]}z->{letters[:nd]}z"      # taps x weights
+        self.grad_spec = f"{letters}z,{letters[:nd]}z->{letters[nd:]}z"  # taps x b
 
-    def block(self, buf: np.ndarray, n: int, y0: int, y1: int) -> None:
-        """Output lines ``y0:y1`` of image ``n``."""
+    def windows(self, buf: np.ndarray, n: int, y0: int, y1: int) -> np.ndarray:
+        """The taps' windows for lines ``y0:y1`` of image ``n`` of ``b``: ``[lines, B.., K..,
+        C]``, a view of ``buf`` filled with the lines of ``a`` they read."""
         plan = self.plan
-        r0 = y0 * plan.strides[0] - plan.pads_begin[0]          # first input line read
+        r0 = y0 * plan.strides[0] - plan.pads_begin[0]          # first line of a read
         rows = (y1 - y0 - 1) * plan.strides[0] + plan.effective_kernel[0]
         lo, hi = max(r0, 0), min(r0 + rows, plan.a_spatial[0])
         part = buf[:rows]
@@ -75,31 +78,59 @@ class _Windows:
             part[(slice(lo - r0, hi - r0), *self.inner)] = self.a[(n, slice(lo, hi),
                                                                    *self.source)]
         st = part.strides
-        view = as_strided(part, (y1 - y0, *plan.b_spatial[1:], *plan.kernel, plan.a_channels),
+        return as_strided(part, (y1 - y0, *plan.b_spatial[1:], *plan.kernel, plan.a_channels),
                           (*(s * st[i] for i, s in enumerate(plan.strides)),
                            *(d * st[i] for i, d in enumerate(plan.dilations)), st[-1]),
                           writeable=False)
-        np.einsum(self.spec, view, self.wk, out=self.b[n, y0:y1])
 
-    def run(self, lo: int, hi: int) -> None:
-        """Output positions ``lo:hi``, as the whole lines they begin, on one buffer."""
-        buf = np.zeros(self.buffer_shape, dtype=self.b.dtype)
+    def blocks(self, lo: int, hi: int):
+        """``(image, first line, end line)`` of the blocks that cover positions ``lo:hi`` of
+        ``b`` (as the whole lines they begin), and one buffer for them all."""
+        buf = np.zeros(self.buffer_shape, dtype=self.acc)
         j, last = lo // self.per_line, hi // self.per_line
         while j < last:
             n, y0 = divmod(j, self.lines)
             y1 = min(self.lines, y0 + self.per_block, y0 + last - j)
-            self.block(buf, n, y0, y1)
+            yield buf, n, y0, y1
             j += y1 - y0
+
+    def split(self, work) -> list:
+        """``work(lo, hi)`` over the positions of ``b``, on threads as for the grid's sums."""
+        positions = self.plan.batch * math.prod(self.plan.b_spatial)
+        values = positions * math.prod(self.plan.kernel) * self.plan.a_channels
+        if values >= _depthwise.SPLIT_MIN_VALUES:
+            return split_rows(positions, work)
+        return [work(0, positions)] if values else []
 
 
 def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
-    win = _Windows(plan, np.asarray(a), w, acc)
-    positions = plan.batch * math.prod(plan.b_spatial)
-    values = positions * math.prod(plan.kernel) * plan.a_channels
-    if 0 < values < _depthwise.SPLIT_MIN_VALUES:     # threads as for the grid's sums
-        win.run(0, positions)
-    elif values:
-        split_rows(positions, win.run)
-    add_bias(win.b, bias)
-    return to_user_layout(win.b, plan, out_dtype)
+    win = _Windows(plan, np.asarray(a), acc)
+    wk = np.ascontiguousarray(np.moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
+    b = np.empty((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)   # [K.., C]
+
+    def work(lo: int, hi: int) -> None:
+        for buf, n, y0, y1 in win.blocks(lo, hi):
+            np.einsum(win.spec, win.windows(buf, n, y0, y1), wk, out=b[n, y0:y1])
+
+    win.split(work)
+    add_bias(b, bias)
+    return to_user_layout(b, plan, out_dtype)
+
+
+def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    win = _Windows(plan, np.asarray(a), acc)
+    b = np.asarray(b)
+
+    def work(lo: int, hi: int) -> np.ndarray:
+        dw = np.zeros((*plan.kernel, plan.b_channels), dtype=acc)
+        for buf, n, y0, y1 in win.blocks(lo, hi):
+            rows = b[n, y0:y1].astype(acc, copy=False)
+            dw += np.einsum(win.grad_spec, win.windows(buf, n, y0, y1), rows)
+        return dw
+
+    dw = sum(win.split(work), np.zeros((*plan.kernel, plan.b_channels), dtype=acc))
+    canon = np.moveaxis(dw, -1, 0)[:, None]                  # [Cb, 1, K..]
+    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
+                                dtype=out_dtype)
