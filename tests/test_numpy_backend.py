@@ -26,8 +26,8 @@ FORCED = {
     "exact": "exact",
     "gather": "gather",
     "overlap": "overlap,backward_weights=gather_b",
-    # depthwise channels-last forwards and weight gradients; elsewhere gather
-    "window": "forward=window,backward_weights=window",
+    # depthwise channels-last plans (backward_data: unstrided ones); elsewhere gather
+    "window": "window",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -444,6 +444,8 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
 @pytest.mark.parametrize(("spatial", "kernel", "attrs"), [
     ((37, 29), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
     ((30, 17), (7, 7), dict(strides=1, pads_begin=3, pads_end=3)),
+    ((21, 18), (3, 3), dict(strides=1, pads_begin=(2, 0), pads_end=(1, 3), dilations=(2, 1))),
+    ((6, 9, 11), (3, 2, 3), dict(strides=1, pads_begin=(1, 0, 2), pads_end=(0, 1, 1))),
     ((19, 23), (3, 2), dict(strides=(2, 3), pads_begin=(2, 0), pads_end=(0, 2), dilations=(2, 1))),
     ((41,), (5,), dict(strides=3, pads_begin=4, pads_end=0)),
     ((6, 9, 11), (3, 3, 3), dict(strides=(1, 2, 2), pads_begin=(1, 0, 1), pads_end=(1, 1, 0))),
@@ -465,13 +467,42 @@ def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block
     bias = rng.standard_normal(channels).astype(numpy_dtype(dtype))
     attrs = dict(attrs, groups=channels, data_format="NXC", weights_format="XIO")
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).with_(dtype=dtype)
-    assert _window.applies(plan)
+    assert _window.applies(plan, "forward")
     g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
-    with polyconv_numpy.strategy(forward="window", backward_weights="window"):
+    with polyconv_numpy.strategy("window"):
         y = polyconv.convolution(x, w, bias, **attrs)
         dw = polyconv.convolution_backward_weights(x, g, w.shape, **attrs)
-    for got, ref in ((y, reference("convolution", x, w, bias, **attrs)),
-                     (dw, reference("convolution_backward_weights", x, g, weights_shape=w.shape,
-                                     **attrs))):
+        dx = polyconv.convolution_backward_data(g, w, x.shape, **attrs)
+    checks = [(y, reference("convolution", x, w, bias, **attrs)),
+              (dw, reference("convolution_backward_weights", x, g, weights_shape=w.shape,
+                             **attrs))]
+    if _window.applies(plan.with_(primitive="backward_data"), "backward_data"):  # unstrided
+        checks.append((dx, reference("convolution_backward_data", g, w, dst_shape=x.shape,
+                                     **attrs)))
+    for got, ref in checks:
         assert got.shape == ref.y.shape and got.dtype == x.dtype
         assert_within_bound(got, ref.y, ref.abs_sum, ref.n, dtype)
+
+
+def test_the_unstrided_adjoint_plan():
+    # backward_data of a stride-1 plan is the forward convolution of b with the flipped
+    # kernel on the adjoint plan: checked on the float64 oracle, and refused with a stride
+    rng = np.random.default_rng(11)
+    attrs = dict(pads_begin=(2, 0), pads_end=(0, 1), dilations=(1, 2), groups=2,
+                 weights_format="OIX", data_format="NCX")
+    plan = polyconv.infer_shape("convolution_backward_data", (2, 4, 5, 6), (4, 2, 3, 2),
+                                dst_shape=(2, 4, 5, 7), **attrs)
+    adj = plan.unstrided_adjoint()
+    assert (adj.a_spatial, adj.b_spatial) == (plan.b_spatial, plan.a_spatial)
+    g = rng.standard_normal((2, 4, 5, 6))
+    w = rng.standard_normal((4, 2, 3, 2))
+    # the weights' roles swap: [Cb, Ca/G, K..] -> [Ca, Cb/G, K..], per group, flipped
+    wt = w.reshape(2, 2, 2, 3, 2).transpose(0, 2, 1, 3, 4).reshape(4, 2, 3, 2)[:, :, ::-1, ::-1]
+    via_adjoint = reference("convolution", g, wt, strides=1, pads_begin=adj.pads_begin,
+                            pads_end=adj.pads_end, dilations=(1, 2), groups=2,
+                            weights_format="OIX", data_format="NCX").y
+    direct = reference("convolution_backward_data", g, w, dst_shape=(2, 4, 5, 7), **attrs).y
+    np.testing.assert_allclose(via_adjoint, direct, rtol=1e-12, atol=1e-12)
+    strided = polyconv.infer_shape("convolution", (1, 8, 8, 2), (3, 3, 2, 2), strides=2)
+    with pytest.raises(ValueError, match="strides of 1"):
+        strided.unstrided_adjoint()

@@ -14,10 +14,10 @@ model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRA
   writes, and its product is ``T`` times as wide: good when the written side is narrow.
 * ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
   the large tensor's; good when the small tensor has the fewer channels.
-* ``window`` (:mod:`._window`, depthwise forward and backward_weights on channels-last data):
-  blocks of output lines, each one einsum over the tap windows of a cache-sized, zero-padded
-  copy of the input lines it reads (no phase split, no padded copy of the whole input): good
-  for strided 3x3 depthwise layers.
+* ``window`` (:mod:`._window`, depthwise on channels-last data: forward, backward_weights,
+  and unstrided backward_data): blocks of output lines, each one einsum over the tap windows
+  of a cache-sized, zero-padded copy of the input lines it reads (no phase split, no padded
+  copy of the whole input): good for 3x3 depthwise layers.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -85,6 +85,8 @@ class NumpyBackend:
         if not self.fast or not plan.batch:
             return "exact"
         name = choose(primitive, plan)
+        if name == "window" and not _window.applies(plan, primitive):
+            name = "gather"             # forced where it does not apply
         if name not in ("exact", "overlap") and not _finite(*arrays):
             return "exact"
         return name
@@ -95,8 +97,6 @@ class NumpyBackend:
         # the grid adds only 0 * w terms (padding, cropped rows): a finite w keeps them exact
         with np.errstate(invalid="ignore"):
             name = self._strategy("forward", plan, w)
-            if name == "window" and not _window.applies(plan):
-                name = "gather"         # forced where it does not apply
             impl = {"gather": _fast, "overlap": _overlap, "exact": _exact,
                     "window": _window}[name]
             return impl.forward(plan, a, w, bias)
@@ -104,15 +104,14 @@ class NumpyBackend:
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             name = self._strategy("backward_data", plan, w)
-            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact}[name]
+            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact,
+                    "window": _window}[name]
             return impl.backward_data(plan, b, w, bias)
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         # here zero rows of b meet values of a, and padding zeros meet values of b
         with np.errstate(invalid="ignore"):
             name = self._strategy("backward_weights", plan, a, b)
-            if name == "window" and not _window.applies(plan):
-                name = "gather"         # forced where it does not apply
             fn = {"gather": _fast.backward_weights,
                   "gather_b": _fast.backward_weights_gather_b,
                   "exact": _exact.backward_weights,

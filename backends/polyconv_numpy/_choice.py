@@ -47,7 +47,7 @@ ENV = "POLYCONV_NUMPY_STRATEGY"
 
 STRATEGIES: dict[str, tuple[str, ...]] = {
     "forward": ("gather", "overlap", "exact", "window"),
-    "backward_data": ("gather", "overlap", "exact"),
+    "backward_data": ("gather", "overlap", "exact", "window"),
     "backward_weights": ("gather", "gather_b", "exact", "window"),
 }
 
@@ -209,12 +209,16 @@ class _Sizes:
 
 @functools.lru_cache(maxsize=1024)
 def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
+    if primitive == "backward_data" and window_applies(plan, primitive):
+        # unstrided depthwise: the forward convolution of b on the adjoint plan, whichever
+        # strategy computes it (the grid's and the windows' loops are the forward's)
+        return _costs("forward", plan.unstrided_adjoint())
     z = _Sizes(plan)
     out = _costs_dense(primitive, plan, z)
     if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):
         dw = _depthwise(z)
         out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
-    if primitive != "backward_data" and window_applies(plan):
+    if primitive != "backward_data" and window_applies(plan, primitive):
         tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
         out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
     return out

@@ -33,12 +33,6 @@ from ._common import add_bias, canonical_weights, dtypes, split_rows, to_user_la
 _BLOCK_BYTES = 1 << 18      # output values of one block (with its buffer, stays in cache)
 
 
-def applies(plan: ConvPlan) -> bool:
-    """One input and one output channel per group (depthwise), channels-last data."""
-    return (plan.groups > 1 and plan.a_channels == plan.groups == plan.b_channels
-            and plan.channels_last)
-
-
 class _Windows:
     """One call's blocks of lines of ``b``, each over a zero-padded buffer of the lines of
     ``a`` that its taps read; where ``a``'s in-range rows lie on that buffer along every axis
@@ -103,11 +97,23 @@ class _Windows:
         return [work(0, positions)] if values else []
 
 
-def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
-    out_dtype, acc = dtypes(a, plan)
+def applies(plan: ConvPlan, primitive: str) -> bool:
+    """One input and one output channel per group (depthwise), channels-last data; for
+    backward_data, strides of 1 (then it is a forward convolution of ``b``)."""
+    return (plan.groups > 1 and plan.a_channels == plan.groups == plan.b_channels
+            and plan.channels_last
+            and (primitive != "backward_data" or all(s == 1 for s in plan.strides)))
+
+
+def _taps_by_channel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
+    """The depthwise weights as ``[K.., C]``: tap-major, channel-minor."""
+    return np.ascontiguousarray(np.moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
+
+
+def _forward(plan: ConvPlan, a: Any, wk: np.ndarray, bias: Any, out_dtype: np.dtype,
+             acc: np.dtype) -> np.ndarray:
     win = _Windows(plan, np.asarray(a), acc)
-    wk = np.ascontiguousarray(np.moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
-    b = np.empty((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)   # [K.., C]
+    b = np.empty((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)
 
     def work(lo: int, hi: int) -> None:
         for buf, n, y0, y1 in win.blocks(lo, hi):
@@ -116,6 +122,19 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     win.split(work)
     add_bias(b, bias)
     return to_user_layout(b, plan, out_dtype)
+
+
+def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    return _forward(plan, a, _taps_by_channel(plan, w, acc), bias, out_dtype, acc)
+
+
+def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
+    """Unstrided: the forward convolution of ``b`` with the flipped kernel
+    (:meth:`~polyconv.ConvPlan.unstrided_adjoint`; depthwise weights need no regrouping)."""
+    out_dtype, acc = dtypes(b, plan)
+    wk = _taps_by_channel(plan, w, acc)[(slice(None, None, -1),) * plan.ndim]
+    return _forward(plan.unstrided_adjoint(), b, wk, bias, out_dtype, acc)
 
 
 def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
