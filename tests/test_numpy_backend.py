@@ -468,16 +468,19 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
     ((41,), (5,), dict(strides=3, pads_begin=4, pads_end=0)),
     ((6, 9, 11), (3, 3, 3), dict(strides=(1, 2, 2), pads_begin=(1, 0, 1), pads_end=(1, 1, 0))),
 ])
-@pytest.mark.parametrize("block_bytes", [1, 4096, 1 << 18])
+@pytest.mark.parametrize(("block_bytes", "tile_values"), [(1, 1024), (4096, 12), (1 << 18, 1024)])
 def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block_bytes,
-                                            monkeypatch):
+                                            tile_values, monkeypatch):
     # forward and weight gradient: the window strategy's blocks of output lines (one line,
     # several, a whole image), each over a zero-padded copy of the input lines it reads: first
-    # and last blocks meet the padding, inner ones do not; split over threads
+    # and last blocks meet the padding, inner ones do not; split over threads; the last axis's
+    # positions merged with the channels into runs of one or several tiles
     from polyconv_numpy import _window
 
     _split_everything(monkeypatch)
     monkeypatch.setattr(_window, "_BLOCK_BYTES", block_bytes)
+    # with 12 values a run, an unstrided last axis of 18 is cut into 6 tiles of 2 positions
+    monkeypatch.setattr(_window, "_TILE_VALUES", tile_values)
     channels = 6
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3, *spatial, channels)).astype(numpy_dtype(dtype))
