@@ -38,7 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AxisPhases", "Phases", "Tap", "Window", "axis_phases", "in_range", "phases"]
+__all__ = ["AdjointPhase", "AxisPhases", "Phases", "Tap", "Window", "adjoint_phases",
+           "axis_phases", "in_range", "phases"]
 
 
 @dataclass(frozen=True)
@@ -244,3 +245,61 @@ def phases(plan: Any) -> Phases:
     large and small sizes, kernel, strides, dilations, pads_begin)."""
     return _phases((plan.a_spatial, plan.b_spatial, plan.kernel, plan.strides, plan.dilations,
                     plan.pads_begin))
+
+
+@dataclass(frozen=True)
+class AdjointPhase:
+    """One phase of ``backward_data`` as a forward convolution of ``b``.
+
+    Attributes
+    ----------
+    plan : ConvPlan or None
+        The stride-1 forward plan over ``b`` (its large tensor) whose output is this phase's
+        in-range cells of ``a``, in order; ``None`` when no tap reaches the phase (its cells of
+        ``a`` receive no product).
+    taps : tuple of tuple of int
+        Per axis, the kernel taps of the phase in the order of that plan's kernel (the
+        phase's taps reversed: the correlation runs over ``b`` backwards).
+    a_index : tuple of slice
+        Per axis, the (strided) positions of ``a`` that the cells are.
+    """
+
+    plan: Any
+    taps: tuple[tuple[int, ...], ...]
+    a_index: tuple[slice, ...]
+
+
+def adjoint_phases(plan: Any) -> tuple[AdjointPhase, ...]:
+    """``backward_data`` of ``plan`` phase by phase (every phase that holds a position of
+    ``a``), each as a forward convolution of ``b`` with that phase's taps.
+
+    Cell ``q`` of phase ``r`` (the position ``q*s + r - pb`` of ``a``) receives
+    ``b[q - m_j] * W[k_j]`` from the phase's taps ``k_j`` with shifts ``m_j = m_0 +
+    j*shift_step``. Over the in-range cells ``q = i0 + i`` and the taps reversed
+    (``j' = J-1-j``) that reads ``b[i + (i0 - m_last) + j'*shift_step]``: a stride-1
+    convolution with dilation ``shift_step`` and pads ``m_last - i0`` before (either sign).
+    With strides of 1 there is one phase: the convolution of ``b`` with the flipped kernel."""
+    ph = phases(plan)
+    out = []
+    for r in itertools.product(*(range(ax.stride) for ax in ph.axes)):
+        wins = [ax.phase_window(ri) for ax, ri in zip(ph.axes, r)]
+        if any(w is None for w in wins):
+            continue
+        taps = tuple(ax.taps[ri][::-1] for ax, ri in zip(ph.axes, r))
+        a_index = tuple(w.positions for w in wins)
+        if not all(taps):
+            out.append(AdjointPhase(None, taps, a_index))
+            continue
+        pads_begin, pads_end = [], []
+        for ax, ks, w in zip(ph.axes, taps, wins):
+            pb = ax.shift[ks[0]] - w.start              # ks[0]: the largest shift
+            pads_begin.append(pb)
+            pads_end.append(w.count - ax.small - pb + (len(ks) - 1) * ax.shift_step)
+        sub = plan.with_(
+            primitive="forward", a_channels=plan.b_channels, b_channels=plan.a_channels,
+            a_spatial=plan.b_spatial, b_spatial=tuple(w.count for w in wins),
+            kernel=tuple(len(ks) for ks in taps), strides=(1,) * len(taps),
+            dilations=tuple(ax.shift_step for ax in ph.axes), pads_begin=tuple(pads_begin),
+            pads_end=tuple(pads_end), output_padding=(0,) * len(taps))
+        out.append(AdjointPhase(sub, taps, a_index))
+    return tuple(out)

@@ -170,26 +170,6 @@ class ConvPlan:
         items += [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in head]
         return f"ConvPlan({', '.join(f'{name}={value!r}' for name, value in items)})"
 
-    def unstrided_adjoint(self) -> ConvPlan:
-        """For a plan whose strides are all 1: the forward plan whose convolution of ``b``
-        with the spatially flipped kernel is this plan's backward_data (large and small
-        tensors swapped, channel counts swapped, pads ``ek - 1 - p`` per side).
-
-        ``b`` reaches ``a`` at ``x = y + k*d - pb``, so ``a[x]`` sums ``b[x - (ek-1-pb) + k'*d]``
-        over the flipped taps ``k' = K-1-k``: a stride-1 convolution with those pads, whose
-        output has ``B + (ek-1-pb) + (ek-1-pe) - ek + 1 = A`` rows. The weights' roles swap
-        too (``[Cb, Ca/G, K..]`` becomes ``[Ca, Cb/G, K..]``): the caller regroups them."""
-        if any(s != 1 for s in self.strides):
-            msg = f"unstrided_adjoint needs strides of 1; this plan has {self.strides}"
-            raise ValueError(msg)
-        ek = self.effective_kernel
-        return self.with_(
-            primitive="forward", a_channels=self.b_channels, b_channels=self.a_channels,
-            a_spatial=self.b_spatial, b_spatial=self.a_spatial,
-            pads_begin=tuple(e - 1 - p for e, p in zip(ek, self.pads_begin)),
-            pads_end=tuple(e - 1 - p for e, p in zip(ek, self.pads_end)),
-            output_padding=(0,) * self.ndim)
-
     def with_(self, **changes) -> ConvPlan:
         """A copy with some fields replaced."""
         from dataclasses import replace

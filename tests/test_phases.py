@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 import polyconv
-from polyconv._phases import axis_phases, in_range, phases
+from polyconv._phases import adjoint_phases, axis_phases, in_range, phases
 
 # one axis: large size A, small size B, kernel, stride, dilation, pad_begin (B is free: the
 # windows only clip, whatever geometry produced it)
@@ -166,3 +166,57 @@ def test_one_tap_per_phase_and_cover_match_brute_force(op, src, wts, attrs):
     assert ph.one_tap_per_phase == (max(terms.values()) <= 1)
     if ph.one_tap_per_phase:
         assert ph.windows_cover == (min(terms.values()) == 1)
+
+
+def _adjoint_pairs(plan):
+    """The ``(y.., k.., x..)`` index pairs that :func:`adjoint_phases` forms: each phase's
+    forward convolution of ``b`` (output cell ``i``, tap ``j`` of its kernel reads
+    ``b[i + j*d' - pb']``), mapped back to kernel taps and positions of ``a``."""
+    got, cells = set(), []
+    for phase in adjoint_phases(plan):
+        positions = [range(sl.start, sl.stop, sl.step) for sl in phase.a_index]
+        cells += list(itertools.product(*positions))
+        if phase.plan is None:
+            assert not all(phase.taps)
+            continue
+        sub = phase.plan
+        assert sub.strides == (1,) * sub.ndim and sub.a_spatial == plan.b_spatial
+        assert sub.b_spatial == tuple(len(p) for p in positions)
+        for i in itertools.product(*(range(n) for n in sub.b_spatial)):
+            for j in itertools.product(*(range(k) for k in sub.kernel)):
+                y = tuple(ii + jj * d - pb for ii, jj, d, pb in
+                          zip(i, j, sub.dilations, sub.pads_begin))
+                if all(0 <= yy < bb for yy, bb in zip(y, plan.b_spatial)):
+                    k = tuple(t[jj] for t, jj in zip(phase.taps, j))
+                    x = tuple(p[ii] for p, ii in zip(positions, i))
+                    got.add((y, k, x))
+    return got, cells
+
+
+@pytest.mark.parametrize("axis", AXES[::7])
+def test_adjoint_phases_form_exactly_the_index_pairs(axis):
+    # backward_data phase by phase, as forward convolutions of b: every in-range pair of the
+    # canonical convolution once, no other, and every position of a in exactly one phase
+    a, b, k, s, d, pb = axis
+    base = polyconv.infer_shape("convolution", (1, 8, 1), (1, 1, 1))
+    plan = base.with_(a_spatial=(a,), b_spatial=(b,), kernel=(k,), strides=(s,),
+                      dilations=(d,), pads_begin=(pb,))
+    got, cells = _adjoint_pairs(plan)
+    want = {((y,), (kk,), (x,)) for y, kk, x in pairs(a, b, k, s, d, pb)}
+    assert got == want
+    assert sorted(cells) == [(x,) for x in range(a)]
+
+
+def test_adjoint_phases_in_two_dimensions():
+    plan = polyconv.infer_shape("conv_transpose", (1, 4, 5, 1), (3, 4, 1, 1), strides=(2, 3),
+                                pads_begin=(1, 0), pads_end=(0, 2), output_padding=(1, 2),
+                                dilations=(1, 2))
+    got, cells = _adjoint_pairs(plan)
+    want = set()
+    for (y0, k0, x0), (y1, k1, x1) in itertools.product(
+            *(pairs(a, b, k, s, d, pb) for a, b, k, s, d, pb in
+              zip(plan.a_spatial, plan.b_spatial, plan.kernel, plan.strides, plan.dilations,
+                  plan.pads_begin))):
+        want.add(((y0, y1), (k0, k1), (x0, x1)))
+    assert got == want
+    assert sorted(cells) == sorted(itertools.product(*(range(a) for a in plan.a_spatial)))

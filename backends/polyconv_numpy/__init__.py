@@ -14,8 +14,8 @@ model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRA
   writes, and its product is ``T`` times as wide: good when the written side is narrow.
 * ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
   the large tensor's; good when the small tensor has the fewer channels.
-* ``window`` (:mod:`._window`, depthwise on channels-last data: forward, backward_weights,
-  and unstrided backward_data): blocks of output lines, each one einsum over the tap windows
+* ``window`` (:mod:`._window`, depthwise on channels-last data, every primitive; backward_data
+  phase by phase of ``a``): blocks of output lines, each one einsum over the tap windows
   of a cache-sized, zero-padded copy of the input lines it reads (no phase split, no padded
   copy of the whole input): good for 3x3 depthwise layers.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.

@@ -39,7 +39,7 @@ import os
 from collections.abc import Iterator
 
 from polyconv._geometry import ConvPlan
-from polyconv._phases import phases
+from polyconv._phases import adjoint_phases, phases
 
 from ._window import applies as window_applies
 
@@ -210,9 +210,15 @@ class _Sizes:
 @functools.lru_cache(maxsize=1024)
 def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
     if primitive == "backward_data" and window_applies(plan, primitive):
-        # unstrided depthwise: the forward convolution of b on the adjoint plan, whichever
-        # strategy computes it (the grid's and the windows' loops are the forward's)
-        return _costs("forward", plan.unstrided_adjoint())
+        # depthwise: per phase of a, a forward convolution of b (adjoint_phases); unstrided,
+        # that is one forward convolution, whichever strategy computes it (the grid's and the
+        # windows' loops are the forward's)
+        subs = [p.plan for p in adjoint_phases(plan) if p.plan is not None]
+        if all(s == 1 for s in plan.strides):
+            return _costs("forward", subs[0])
+        out = _costs_dense(primitive, plan, _Sizes(plan))
+        out["window"] = sum(_costs("forward", sub)["window"] for sub in subs)
+        return out
     z = _Sizes(plan)
     out = _costs_dense(primitive, plan, z)
     if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):

@@ -1,19 +1,21 @@
-"""Depthwise forward and weight gradient by windows: blocks of output lines over a padded copy
-of what they read.
+"""Depthwise convolutions by windows: blocks of output lines over a padded copy of what they
+read.
 
 ``b[n, y.., c] = sum_k a[n, y*s + k*d - pb, c] * W[c, k]`` with one input and one output
 channel per group. The output is cut into blocks of lines along its first spatial axis (a few
 hundred KB each). For each block the input lines its taps read are copied, zero-padded on
 every spatial axis and in the accumulation dtype, into a buffer that stays in cache; the taps'
 windows of that buffer are one strided view ``[lines, B.., K.., C]``, and one ``np.einsum``
-multiplies and sums them into the block (the weight gradient: sums them against the block's
-lines of ``b``, per thread, added up at the end). Nothing the size of the input is ever padded,
-split into phases or gathered, so the data crosses memory once; the blocks run on threads
-(einsum releases the GIL).
+multiplies and sums them into the block. Nothing the size of the input is ever padded, split
+into phases or gathered, so the data crosses memory once; the blocks run on threads (einsum
+releases the GIL). The weight gradient sums the same views against the block's lines of ``b``
+(per thread, added up at the end); backward_data runs phase by phase of ``a``, each phase a
+forward convolution of ``b`` with its taps (:func:`polyconv._phases.adjoint_phases`) written
+into its strided positions of ``a``.
 
-Measured against the phase grid on MobileNetV2's strided 3x3 depthwise layer (8x112x112x96,
-2-CPU x86-64, float32): 4.3x faster (27.7 -> 6.4 ms); 1.7x on its stride-1 3x3 layer on 144
-channels. The grid keeps 7x7 kernels, whose per-phase sums it tiles into longer loops.
+Against the phase grid on MobileNetV2's strided 3x3 layer (8x112x112x96, 2-CPU x86-64,
+float32): forward 2.4x faster, weight gradient 1.7x, backward_data 2.4x; on the stride-1 3x3
+and 7x7 layers 1.1-1.8x.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from polyconv._geometry import ConvPlan
+from polyconv._phases import adjoint_phases
 
 from . import _depthwise
 from ._common import add_bias, canonical_weights, dtypes, split_rows, to_user_layout
@@ -115,11 +118,10 @@ class _Windows:
 
 
 def applies(plan: ConvPlan, primitive: str) -> bool:
-    """One input and one output channel per group (depthwise), channels-last data; for
-    backward_data, strides of 1 (then it is a forward convolution of ``b``)."""
+    """One input and one output channel per group (depthwise), channels-last data."""
+    del primitive       # every primitive
     return (plan.groups > 1 and plan.a_channels == plan.groups == plan.b_channels
-            and plan.channels_last
-            and (primitive != "backward_data" or all(s == 1 for s in plan.strides)))
+            and plan.channels_last)
 
 
 def _taps_by_channel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
@@ -127,36 +129,47 @@ def _taps_by_channel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
 
 
-def _forward(plan: ConvPlan, a: Any, wk: np.ndarray, bias: Any, out_dtype: np.dtype,
-             acc: np.dtype) -> np.ndarray:
-    win = _Windows(plan, np.asarray(a), acc)
-    b = np.empty((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)
-    r = win.tile()
+def _sums(plan: ConvPlan, a: np.ndarray, wk: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (``b`` of ``plan``, channels-last; a strided view is taken untiled) = the
+    forward sums of ``a`` with the weights ``wk`` ``[K.., C]``."""
+    win = _Windows(plan, a, out.dtype)
+    r = win.tile() if out.flags.c_contiguous else 1
     wt = np.ascontiguousarray(np.broadcast_to(wk[..., None, :], (*wk.shape[:-1], r, wk.shape[-1]))
                               ).reshape(*wk.shape[:-1], r * wk.shape[-1])   # [K.., r*C]
 
     def work(lo: int, hi: int) -> None:
         for buf, n, y0, y1 in win.blocks(lo, hi):
-            out = b[n, y0:y1]
-            np.einsum(win.spec, win.windows(buf, n, y0, y1, r), wt,
-                      out=out.reshape(*out.shape[:-2], -1, r * out.shape[-1]))
+            o = out[n, y0:y1]
+            if r > 1:
+                o = o.reshape(*o.shape[:-2], -1, r * o.shape[-1])
+            np.einsum(win.spec, win.windows(buf, n, y0, y1, r), wt, out=o)
 
     win.split(work)
-    add_bias(b, bias)
-    return to_user_layout(b, plan, out_dtype)
 
 
 def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
-    return _forward(plan, a, _taps_by_channel(plan, w, acc), bias, out_dtype, acc)
+    b = np.empty((plan.batch, *plan.b_spatial, plan.b_channels), dtype=acc)
+    _sums(plan, np.asarray(a), _taps_by_channel(plan, w, acc), b)
+    add_bias(b, bias)
+    return to_user_layout(b, plan, out_dtype)
 
 
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
-    """Unstrided: the forward convolution of ``b`` with the flipped kernel
-    (:meth:`~polyconv.ConvPlan.unstrided_adjoint`; depthwise weights need no regrouping)."""
+    """Phase by phase of ``a``, each a forward convolution of ``b`` with the phase's taps
+    (:func:`polyconv._phases.adjoint_phases`), written into its strided positions of ``a``
+    (one phase with strides of 1: the flipped kernel)."""
     out_dtype, acc = dtypes(b, plan)
-    wk = _taps_by_channel(plan, w, acc)[(slice(None, None, -1),) * plan.ndim]
-    return _forward(plan.unstrided_adjoint(), b, wk, bias, out_dtype, acc)
+    wk, b = _taps_by_channel(plan, w, acc), np.asarray(b)
+    a = np.empty((plan.batch, *plan.a_spatial, plan.a_channels), dtype=acc)
+    for phase in adjoint_phases(plan):
+        cells = a[(slice(None), *phase.a_index)]
+        if phase.plan is None:
+            cells[...] = 0          # no tap reaches these positions
+        else:
+            _sums(phase.plan, b, wk[np.ix_(*phase.taps)], cells)
+    add_bias(a, bias)
+    return to_user_layout(a, plan, out_dtype)
 
 
 def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
