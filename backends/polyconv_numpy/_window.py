@@ -14,8 +14,10 @@ forward convolution of ``b`` with its taps (:func:`polyconv._phases.adjoint_phas
 into its strided positions of ``a``.
 
 Against the phase grid on MobileNetV2's strided 3x3 layer (8x112x112x96, 2-CPU x86-64,
-float32): forward 2.4x faster, weight gradient 1.7x, backward_data 2.4x; on the stride-1 3x3
-and 7x7 layers 1.1-1.8x.
+float32): forward 2.1x faster, weight gradient 1.8x; on its stride-1 layer and ConvNeXt-T's
+7x7 one 1.1-1.8x for all three primitives. A strided backward_data ran 1.1-1.5x slower than
+the grid (its phases write strided runs of ``C`` values, and each copies ``b``): the cost
+model leaves it to the grid.
 """
 
 from __future__ import annotations
