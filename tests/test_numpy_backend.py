@@ -218,12 +218,19 @@ NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
                                                      pads_end=0), "src"),
     ("conv_transpose", (1, 6, 3, 2), (2, 2, 3, 2), dict(strides=2, data_format="NXC"),
      "weights"),
+    # depthwise (the windows' plans, every primitive)
+    ("convolution", (2, 9, 8, 4), (3, 3, 1, 4), dict(strides=2, pads_begin=1, pads_end=1,
+                                                     groups=4), "weights"),
+    ("convolution", (2, 9, 8, 4), (3, 3, 1, 4), dict(pads_begin=1, pads_end=1, groups=4),
+     "src"),
+    ("conv_transpose", (2, 5, 6, 4), (3, 3, 1, 4), dict(pads_begin=1, pads_end=0, groups=4),
+     "weights"),
 ]
 
 
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
-@pytest.mark.parametrize("name", ["default", "gather", "overlap"])
+@pytest.mark.parametrize("name", ["default", "gather", "overlap", "window"])
 def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
     # the exact path's result is the reference: padded positions add no term, so an inf in
     # the weights poisons only the outputs whose in-range sum meets it (the grid would give
@@ -236,7 +243,7 @@ def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, v
     w = rng.standard_normal(wts).astype(np.float32)
     if poison == "weights":
         w = _poisoned(rng, wts, (1, 2, 0, 1), value)
-        w[0, 0, 1, 0] = -value
+        w[(0, 0, 1, 0) if wts[2] > 1 else (0, 1, 0, 2)] = -value
     else:
         x = _poisoned(rng, src, (1, 2, 3, 1), value)
     fn = getattr(polyconv, op)
