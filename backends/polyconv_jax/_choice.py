@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from polyconv import ConvPlan
-from polyconv._backends import env_switch
+from polyconv._measure import Switch, geometry, pick, time_candidates
 
 from ._backward_data import (
     BACKWARD_DATA,
@@ -84,8 +84,7 @@ MEASURE_DROP_FACTOR = 3.0
 
 _FORCED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "polyconv_jax_forced_lowering", default=None)
-_AUTOTUNE: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
-    "polyconv_jax_autotune", default=None)
+_AUTOTUNE = Switch(AUTOTUNE_ENV)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,22 +138,14 @@ def requested(primitive: str) -> str | None:
     return _forced().get(primitive)
 
 
-@contextlib.contextmanager
 def autotune(enabled: bool = True):
     """Within the block, measure (``True``) or take the default policy (``False``) when a
     lowering is chosen; overrides ``POLYCONV_JAX_AUTOTUNE``. Read at trace time."""
-    token = _AUTOTUNE.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _AUTOTUNE.reset(token)
+    return _AUTOTUNE(enabled)
 
 
 def autotune_enabled() -> bool:
-    value = _AUTOTUNE.get()
-    if value is not None:
-        return value
-    return env_switch(AUTOTUNE_ENV)
+    return _AUTOTUNE.enabled()
 
 
 def settings() -> tuple:
@@ -228,18 +219,11 @@ _measurements: dict[str, str] = {}
 _loaded_from: str | None = None
 
 
-#: the plan fields a measurement depends on (not the op's name, bias or precision request)
-_GEOMETRY = ("batch", "a_channels", "b_channels", "groups", "a_spatial", "b_spatial", "kernel",
-             "strides", "dilations", "pads_begin", "pads_end", "output_padding",
-             "channels_last", "weights_perm", "dtype")
-
-
 def plan_key(primitive: str, plan: ConvPlan, precision) -> str:
     """The measurement's key: device, JAX version, primitive, geometry, dtype, precision."""
     device = jax.devices()[0]
-    geometry = ",".join(f"{f}={getattr(plan, f)}" for f in _GEOMETRY)
     return "|".join((device.platform, device.device_kind, jax.__version__, primitive,
-                     geometry, repr(precision)))
+                     geometry(plan), repr(precision)))
 
 
 def _cache_file() -> Path | None:
@@ -318,21 +302,15 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
             return pool.submit(measure, primitive, plan, precision, names, rounds,
                                timer).result()
     args = _inputs(primitive, plan)
-    fns, first = {}, {}
+    calls = {}
     for name in names:
         try:
-            fns[name] = _runnable(primitive, plan, precision, name).lower(*args).compile()
-            jax.block_until_ready(fns[name](*args))   # warm-up, untimed
-            first[name] = timer(fns[name], args)
+            fn = _runnable(primitive, plan, precision, name).lower(*args).compile()
+            jax.block_until_ready(fn(*args))        # warm-up, untimed
+            calls[name] = partial(timer, fn, args)
         except Exception:  # a lowering XLA cannot compile or run here never wins
-            first[name] = math.inf
-    best = min(first.values())
-    alive = [n for n in names if first[n] <= MEASURE_DROP_FACTOR * best < math.inf]
-    times: dict[str, list[float]] = {name: [] for name in alive}
-    for r in range(rounds):
-        for name in (alive if r % 2 else alive[::-1]):
-            times[name].append(timer(fns[name], args))
-    return {name: min(times[name]) if name in times else first[name] for name in names}
+            calls[name] = lambda: math.inf
+    return time_candidates(calls, rounds, MEASURE_DROP_FACTOR)
 
 
 def _cached(primitive: str, plan: ConvPlan, precision, names) -> str | None:
@@ -348,12 +326,9 @@ def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
         return known
     key, path = plan_key(primitive, plan, precision), _cache_file()
     times = measure(primitive, plan, precision, names)
-    choice = min(names, key=lambda n: times[n])
-    plain = LOWERINGS[primitive][0]
-    if plain in times and times[plain] <= (1 + MEASURE_PLAIN_TIE) * times[choice]:
-        choice = plain          # the plain lowering, unless clearly slower
-    elif times[names[0]] <= (1 + MEASURE_TIE) * times[choice]:
-        choice = names[0]       # the policy's lowering, unless measurably slower
+    # the plain lowering unless clearly slower, else the policy's unless measurably slower
+    choice = pick(times, ((LOWERINGS[primitive][0], MEASURE_PLAIN_TIE),
+                          (names[0], MEASURE_TIE)))
     with _lock:
         _measurements[key] = choice
         _store(path)
