@@ -1,8 +1,10 @@
 """polyconv's numpy backend: direct loops over kernel taps, matrix products over channels.
 
 Each of the three primitives of the canonical convolution
-(docs/semantics.md#canonical-convolution) has two fast strategies, chosen per plan by a cost
-model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
+(docs/semantics.md#canonical-convolution) has several fast strategies, chosen per plan by a cost
+model and, on a plan's first call, by timing the ones it puts near its pick (:mod:`._choice`;
+:func:`autotune` ``(False)`` or ``POLYCONV_NUMPY_AUTOTUNE=0`` keeps the model's pick; force
+one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
 
 * ``gather`` (:mod:`._fast`): implicit GEMM on a phase grid. Each block of output rows is one
   matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer. It
@@ -22,7 +24,9 @@ model (:mod:`._choice`; force one with :func:`strategy` or ``POLYCONV_NUMPY_STRA
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
   adds in-range products only as well. Depthwise forward and backward_weights take it too
-  where it reads the data in place and the cost model finds it faster.
+  where it reads the data in place and the cost model finds it faster; ungrouped plans
+  where it measures faster (its per-tap products, one per kernel tap, sometimes beat the
+  grid's gathers on 3-D and strided layers).
 
 All work channels-last in float32 (float64 for float64 inputs), add the bias before the one
 rounding to the output dtype (docs/numerics.md#error-bound), and only read their inputs.
@@ -30,6 +34,9 @@ rounding to the output dtype (docs/numerics.md#error-bound), and only read their
 
 from __future__ import annotations
 
+import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,10 +44,11 @@ import numpy as np
 from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
-from . import _exact, _fast, _overlap, _window
-from ._choice import choose, costs, strategy
+from . import _choice, _exact, _fast, _overlap, _window
+from ._choice import autotune, choose, costs, measured_choices, strategy
 
-__all__ = ["BACKEND", "NumpyBackend", "choose", "costs", "strategy"]
+__all__ = ["BACKEND", "NumpyBackend", "autotune", "choose", "costs", "measured_choices",
+           "strategy"]
 
 
 def _finite(*arrays: Any) -> bool:
@@ -77,46 +85,64 @@ class NumpyBackend:
     #: set to False to route every call through the exact path (tests compare the two)
     fast = True
 
-    def _strategy(self, primitive: str, plan: ConvPlan, *arrays: Any) -> str:
-        """The strategy of one call: :func:`choose`'s, except that an empty batch (no rows to
-        lay on a grid) and non-finite inputs on a grid strategy take the exact path. The first
-        call raises glibc's malloc thresholds (:mod:`polyconv._malloc`)."""
-        _malloc.tune()
-        if not self.fast or not plan.batch:
-            return "exact"
-        name = choose(primitive, plan)
-        if name == "window" and not _window.applies(plan, primitive):
-            name = "gather"             # forced where it does not apply
-        if name not in ("exact", "overlap") and not _finite(*arrays):
-            return "exact"
-        return name
+    def _call(self, primitive: str, plan: ConvPlan, args: tuple, *checked: Any) -> np.ndarray:
+        """One call of a primitive on the strategy :func:`choose` gives, measured first on a
+        plan's first call (:func:`._choice.candidates`), except that an empty batch (no rows
+        to lay on a grid) and non-finite ``checked`` inputs on a grid strategy take the exact
+        path. The first call raises glibc's malloc thresholds (:mod:`polyconv._malloc`).
 
-    # NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
-    # warnings are silenced.
-    def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
-        # the grid adds only 0 * w terms (padding, cropped rows): a finite w keeps them exact
+        NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
+        warnings are silenced. The forward and backward_data check only ``w``: the grid adds
+        only ``0 * w`` terms (padding, cropped rows), which a finite ``w`` keeps exact; the
+        weight gradient checks both, where zero rows of ``b`` meet values of ``a`` and padding
+        zeros meet values of ``b``."""
+        _malloc.tune()
+        impls = _IMPLEMENTATIONS[primitive]
         with np.errstate(invalid="ignore"):
-            name = self._strategy("forward", plan, w)
-            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact,
-                    "window": _window}[name]
-            return impl.forward(plan, a, w, bias)
+            if not self.fast or not plan.batch:
+                return impls["exact"](plan, *args)
+            name, names = choose(primitive, plan), _choice.candidates(primitive, plan)
+            if (names or name not in ("exact", "overlap")) and not _finite(*checked):
+                return impls["exact"](plan, *args)
+            if names:
+                name = _choice.measure(primitive, plan, {
+                    n: functools.partial(_timed, impls[_applicable(n, primitive, plan)],
+                                         plan, args) for n in names})
+            return impls[_applicable(name, primitive, plan)](plan, *args)
+
+    def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
+        return self._call("forward", plan, (a, w, bias), w)
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
-        with np.errstate(invalid="ignore"):
-            name = self._strategy("backward_data", plan, w)
-            impl = {"gather": _fast, "overlap": _overlap, "exact": _exact,
-                    "window": _window}[name]
-            return impl.backward_data(plan, b, w, bias)
+        return self._call("backward_data", plan, (b, w, bias), w)
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
-        # here zero rows of b meet values of a, and padding zeros meet values of b
-        with np.errstate(invalid="ignore"):
-            name = self._strategy("backward_weights", plan, a, b)
-            fn = {"gather": _fast.backward_weights,
-                  "gather_b": _fast.backward_weights_gather_b,
-                  "exact": _exact.backward_weights,
-                  "window": _window.backward_weights}[name]
-            return fn(plan, a, b)
+        return self._call("backward_weights", plan, (a, b), a, b)
+
+
+_IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
+    "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
+                "exact": _exact.forward, "window": _window.forward},
+    "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
+                      "exact": _exact.backward_data, "window": _window.backward_data},
+    "backward_weights": {"gather": _fast.backward_weights,
+                         "gather_b": _fast.backward_weights_gather_b,
+                         "exact": _exact.backward_weights,
+                         "window": _window.backward_weights},
+}
+
+
+def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
+    """``window`` forced where it does not apply computes with ``gather``."""
+    return "gather" if name == "window" and not _window.applies(plan, primitive) else name
+
+
+def _timed(fn: Callable[..., Any], plan: ConvPlan, args: tuple) -> float:
+    """Seconds one call of ``fn`` takes (its result is dropped: measuring holds no extra
+    output)."""
+    t0 = time.perf_counter()
+    fn(plan, *args)
+    return time.perf_counter() - t0
 
 
 BACKEND = NumpyBackend()

@@ -1,4 +1,5 @@
-"""Which strategy computes a primitive: a cost model per plan, or the caller's forcing.
+"""Which strategy computes a primitive: the caller's forcing, a measurement on the plan's
+first call among the strategies a cost model puts near its pick, or that model's pick.
 
 Strategies, per primitive (see :mod:`._fast`, :mod:`._overlap`, :mod:`._exact`):
 
@@ -27,6 +28,12 @@ kernels on wide channels (:func:`_depthwise`), ``window`` their forward.
 Forcing (tests, benchmarks): the :func:`strategy` context manager, or the environment variable
 ``POLYCONV_NUMPY_STRATEGY`` read at each call, e.g. ``overlap`` (every primitive that has it;
 the others keep their choice) or ``forward=gather,backward_data=overlap``.
+
+Measuring (on by default; ``POLYCONV_NUMPY_AUTOTUNE=0`` or :func:`autotune` ``(False)`` turns
+it off for deterministic choices, as the test suite does): on the first call of a plan whose
+cost the model puts between 1 ms and 0.25 s, each candidate (:func:`candidates`) computes the
+call twice, interleaved, and the fastest is kept for the process (the model's pick unless
+another is more than 5% faster); that first call then returns the winner's result.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ import contextvars
 import functools
 import math
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 from polyconv._geometry import ConvPlan
+from polyconv._measure import Switch, geometry, pick, time_candidates
 from polyconv._phases import adjoint_phases, phases
 
 from ._window import applies as window_applies
@@ -270,27 +279,36 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
                 + calls)
     out = {"gather": gather, "gather_b": gather_b}
     if g == 1:
-        out["exact"] = _exact_weights(plan, z)
+        out["exact"] = _exact(primitive, plan, z)
     return out
 
 
-#: the exact path's per-tap weight-gradient products (a copy of each tap's strided windows,
-#: then ``[Cb, m] x [m, Ca]``) against the table's rate: fitted on the corpus's 16 dense
-#: float32 layers (2-CPU AMD EPYC), where the exact path wins only DCGAN's 512->256 layer
-#: (4x4 images of 512 channels, 2.5x faster than the grid, whose phase cells add 56% rows
-#: there) and ties on three
-EXACT_WEIGHTS_FACTOR = 2.0
+#: the exact path's per-tap products (a copy of each tap's strided window, one product, and
+#: for forward and backward_data an add of its result into the window it lands on) against
+#: the table's rates: fitted on the corpus's 16 dense float32 layers (2-CPU AMD EPYC), where
+#: the exact weight gradient wins only DCGAN's 512->256 layer (4x4 images of 512 channels,
+#: 2.5x faster than the grid, whose phase cells add 56% rows there) and ties on three. On
+#: other hosts it wins more (a strided ResNet-50 layer and the 3-D U-Nets' up-convolutions,
+#: 1.4-1.6x on a host without AVX-512): measuring decides where the estimates are close
+EXACT_FACTOR = 2.0
 
 
-def _exact_weights(plan: ConvPlan, z: _Sizes) -> float:
-    """Ungrouped backward_weights on the exact path: per tap that meets the data, its windows
-    of ``a`` and ``b`` copied channels-last, one product over their ``m`` rows."""
+def _exact(primitive: str, plan: ConvPlan, z: _Sizes) -> float:
+    """Ungrouped, on the exact path: per tap that meets the data, its windows copied
+    channels-last and one product over their ``m`` rows (forward: ``[m, Ca] x [Ca, Cb]``
+    added into ``b``; backward_data: ``[m, Cb] x [Cb, Ca]`` added into ``a``;
+    backward_weights: ``[Cb, m] x [m, Ca]``)."""
     cost = (z.ma * z.ca + z.mb * z.cb) * z.layout * z.item
     for _, b_index, _ in phases(plan).tap_windows:
         m = plan.batch * math.prod(s.stop - s.start for s in b_index)
-        cost += (z.item * (_copy(m * z.ca, z.ca) + _copy(m * z.cb, z.cb))
-                 + _gemm_long(z.cb, m, z.ca) + CALL_S)
-    return EXACT_WEIGHTS_FACTOR * cost
+        if primitive == "backward_weights":
+            cost += (z.item * (_copy(m * z.ca, z.ca) + _copy(m * z.cb, z.cb))
+                     + _gemm_long(z.cb, m, z.ca))
+        else:
+            cin, cout = (z.ca, z.cb) if primitive == "forward" else (z.cb, z.ca)
+            cost += z.item * (_copy(m * cin, cin) + _add(m * cout, cout)) + _gemm(m, cin, cout)
+        cost += CALL_S
+    return EXACT_FACTOR * cost
 
 
 def _in_place(plan: ConvPlan) -> bool:
@@ -340,9 +358,87 @@ def costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
 
 
 def choose(primitive: str, plan: ConvPlan) -> str:
-    """The strategy for one call: the forced one, else the cheapest by :func:`costs`."""
+    """The strategy for one call: the forced one, else the measured one (:func:`measure`),
+    else the cheapest by :func:`costs`."""
     name = forced(primitive)
     if name is not None:
         return name
+    if _AUTOTUNE.enabled():
+        with _lock:
+            known = _measurements.get(_key(primitive, plan))
+        if known is not None:
+            return known
     c = _costs(primitive, plan)
     return min(c, key=c.__getitem__)
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring: the cost model's constants come from one host, and the order of two strategies
+# within 1.5x of each other moves from host to host (OpenBLAS's kernels, how the hypervisor
+# shares the cores). On the first call of a plan, the strategies the model puts near its pick
+# are timed on the call's own inputs (polyconv._measure), and the fastest is kept for the
+# process, as cuDNN's benchmark mode does.
+# --------------------------------------------------------------------------------------------
+
+AUTOTUNE_ENV = "POLYCONV_NUMPY_AUTOTUNE"
+_AUTOTUNE = Switch(AUTOTUNE_ENV)
+_lock = threading.Lock()
+_measurements: dict[str, str] = {}
+
+#: calls the model puts under this many seconds take its pick (too little to win), and so do
+#: calls over the maximum (measuring runs each candidate twice)
+MEASURE_MIN_S = 1e-3
+MEASURE_MAX_S = 0.25
+#: strategies the model puts within this factor of its pick are candidates
+MEASURE_WITHIN = 2.5
+#: the model's pick is kept unless another is faster by more than this fraction
+MEASURE_TIE = 0.05
+#: a candidate whose first call takes this many times the best is not called again
+MEASURE_DROP_FACTOR = 2.0
+
+
+def autotune(enabled: bool = True):
+    """Within the block, measure (``True``) or take the cost model's pick (``False``) on a
+    plan's first call; overrides ``POLYCONV_NUMPY_AUTOTUNE`` (on unless set to ``0``)."""
+    return _AUTOTUNE(enabled)
+
+
+def _key(primitive: str, plan: ConvPlan) -> str:
+    return f"{primitive}|{geometry(plan)}"
+
+
+def measured_choices() -> dict[str, str]:
+    """The strategies measured so far in this process, by primitive and geometry."""
+    with _lock:
+        return dict(_measurements)
+
+
+def candidates(primitive: str, plan: ConvPlan) -> list[str]:
+    """The strategies to measure for a call, the model's pick first; empty where nothing is
+    to be measured: a forced strategy, measuring off, a plan measured already, or one the
+    model puts outside :data:`MEASURE_MIN_S` .. :data:`MEASURE_MAX_S`. Ungrouped forward and
+    backward_data calls may measure ``exact`` too (one product per tap over its in-range
+    window), whose estimate (:func:`_exact`) the model's own pick does not weigh."""
+    if forced(primitive) is not None or not _AUTOTUNE.enabled():
+        return []
+    with _lock:
+        if _key(primitive, plan) in _measurements:
+            return []
+    c = dict(_costs(primitive, plan))
+    best = min(c, key=c.__getitem__)
+    if not MEASURE_MIN_S <= c[best] <= MEASURE_MAX_S:
+        return []
+    if plan.groups == 1 and "exact" not in c:
+        c["exact"] = _exact(primitive, plan, _Sizes(plan))
+    names = sorted((n for n in c if c[n] <= MEASURE_WITHIN * c[best]), key=c.__getitem__)
+    return names if len(names) > 1 else []
+
+
+def measure(primitive: str, plan: ConvPlan, calls: dict[str, Callable[[], float]]) -> str:
+    """Time ``calls`` (:func:`polyconv._measure.time_candidates`; the first is the model's
+    pick), keep the fastest for the plan, and return it."""
+    times = time_candidates(calls, rounds=1, drop_factor=MEASURE_DROP_FACTOR)
+    choice = pick(times, ((next(iter(calls)), MEASURE_TIE),))
+    with _lock:
+        _measurements[_key(primitive, plan)] = choice
+    return choice
