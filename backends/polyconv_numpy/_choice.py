@@ -216,8 +216,13 @@ class _Sizes:
                       + _copy(self.ma * self.ca, self.run_a) + self.ma * self.ca * self.layout)
 
 
-@functools.lru_cache(maxsize=1024)
 def _costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
+    return _costs_of(primitive, plan, plan.dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _costs_of(primitive: str, plan: ConvPlan, dtype: str | None) -> dict[str, float]:
+    """:func:`_costs`, cached (``dtype`` apart: a plan hashes on its geometry alone)."""
     if (primitive == "backward_data" and window_applies(plan, primitive)
             and all(s == 1 for s in plan.strides)):
         # unstrided depthwise: one forward convolution of b (adjoint_phases), whichever
@@ -365,7 +370,7 @@ def choose(primitive: str, plan: ConvPlan) -> str:
         return name
     if _AUTOTUNE.enabled():
         with _lock:
-            known = _measurements.get(_key(primitive, plan))
+            known = _measurements.get(_key(primitive, plan, plan.dtype))
         if known is not None:
             return known
     c = _costs(primitive, plan)
@@ -403,7 +408,9 @@ def autotune(enabled: bool = True):
     return _AUTOTUNE(enabled)
 
 
-def _key(primitive: str, plan: ConvPlan) -> str:
+@functools.lru_cache(maxsize=1024)
+def _key(primitive: str, plan: ConvPlan, dtype: str | None) -> str:
+    """The record's key (``dtype`` apart: a plan hashes on its geometry alone)."""
     return f"{primitive}|{geometry(plan)}"
 
 
@@ -421,17 +428,25 @@ def candidates(primitive: str, plan: ConvPlan) -> list[str]:
     window), whose estimate (:func:`_exact`) the model's own pick does not weigh."""
     if forced(primitive) is not None or not _AUTOTUNE.enabled():
         return []
-    with _lock:
-        if _key(primitive, plan) in _measurements:
-            return []
+    names = _measurable(primitive, plan, plan.dtype)
+    if names:
+        with _lock:
+            if _key(primitive, plan, plan.dtype) in _measurements:
+                return []
+    return list(names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _measurable(primitive: str, plan: ConvPlan, dtype: str | None) -> tuple[str, ...]:
+    """:func:`candidates` of a plan not measured yet."""
     c = dict(_costs(primitive, plan))
     best = min(c, key=c.__getitem__)
     if not MEASURE_MIN_S <= c[best] <= MEASURE_MAX_S:
-        return []
+        return ()
     if plan.groups == 1 and "exact" not in c:
         c["exact"] = _exact(primitive, plan, _Sizes(plan))
     names = sorted((n for n in c if c[n] <= MEASURE_WITHIN * c[best]), key=c.__getitem__)
-    return names if len(names) > 1 else []
+    return tuple(names) if len(names) > 1 else ()
 
 
 def measure(primitive: str, plan: ConvPlan, calls: dict[str, Callable[[], float]]) -> str:
@@ -440,5 +455,5 @@ def measure(primitive: str, plan: ConvPlan, calls: dict[str, Callable[[], float]
     times = time_candidates(calls, rounds=1, drop_factor=MEASURE_DROP_FACTOR)
     choice = pick(times, ((next(iter(calls)), MEASURE_TIE),))
     with _lock:
-        _measurements[_key(primitive, plan)] = choice
+        _measurements[_key(primitive, plan, plan.dtype)] = choice
     return choice
