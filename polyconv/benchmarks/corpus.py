@@ -421,6 +421,11 @@ def format_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs ({m.get('processor', '')}), Python "
              f"{m['python']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
+             + ("" if "avx512" not in m else
+                f", {'with' if m['avx512'] else 'without'} AVX-512")
+             + "".join(f", {label} {m[k]}" for k, label in (
+                 ("blas_kernels", "numpy's BLAS kernels"),
+                 ("openblas_coretype", "OPENBLAS_CORETYPE")) if k in m)
              + ".", "",
              "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
              + " | ".join(keys) + " |",
