@@ -15,9 +15,10 @@ into its strided positions of ``a``.
 
 Against the phase grid on MobileNetV2's strided 3x3 layer (8x112x112x96, 2-CPU x86-64,
 float32): forward 2.1x faster, weight gradient 1.8x; on its stride-1 layer and ConvNeXt-T's
-7x7 one 1.1-1.8x for all three primitives. A strided backward_data ran 1.1-1.5x slower than
-the grid (its phases write strided runs of ``C`` values, and each copies ``b``): the cost
-model leaves it to the grid.
+7x7 one 1.1-1.8x for all three primitives. A strided backward_data runs 1.1-1.3x slower than
+the grid on MobileNetV2's layer (each phase copies ``b``, and each block is written into
+strided runs of ``C`` values of ``a``; summing the blocks into a contiguous buffer first took
+it from 1.1-1.5x): the cost model leaves it to the grid.
 """
 
 from __future__ import annotations
@@ -132,19 +133,24 @@ def _taps_by_channel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
 
 
 def _sums(plan: ConvPlan, a: np.ndarray, wk: np.ndarray, out: np.ndarray) -> None:
-    """``out`` (``b`` of ``plan``, channels-last; a strided view is taken untiled) = the
-    forward sums of ``a`` with the weights ``wk`` ``[K.., C]``."""
+    """``out`` (``b`` of ``plan``, channels-last) = the forward sums of ``a`` with the weights
+    ``wk`` ``[K.., C]``. A strided ``out`` (a phase of backward_data's ``a``) gets each block
+    summed into a contiguous, cache-sized buffer first and copied into place: einsum then runs
+    its merged runs (:meth:`_Windows.tile`) instead of ``C`` values at a time."""
     win = _Windows(plan, a, out.dtype)
-    r = win.tile() if out.flags.c_contiguous else 1
+    r = win.tile()
     wt = np.ascontiguousarray(np.broadcast_to(wk[..., None, :], (*wk.shape[:-1], r, wk.shape[-1]))
                               ).reshape(*wk.shape[:-1], r * wk.shape[-1])   # [K.., r*C]
+    direct = out.flags.c_contiguous
 
     def work(lo: int, hi: int) -> None:
+        tmp = None if direct else np.empty((win.per_block, *out.shape[2:]), dtype=out.dtype)
         for buf, n, y0, y1 in win.blocks(lo, hi):
-            o = out[n, y0:y1]
-            if r > 1:
-                o = o.reshape(*o.shape[:-2], -1, r * o.shape[-1])
-            np.einsum(win.spec, win.windows(buf, n, y0, y1, r), wt, out=o)
+            o = out[n, y0:y1] if direct else tmp[: y1 - y0]
+            tiled = o.reshape(*o.shape[:-2], -1, r * o.shape[-1]) if r > 1 else o
+            np.einsum(win.spec, win.windows(buf, n, y0, y1, r), wt, out=tiled)
+            if not direct:
+                out[n, y0:y1] = o
 
     win.split(work)
 
