@@ -101,7 +101,7 @@ class NumpyBackend:
         with np.errstate(invalid="ignore"):
             if not self.fast or not plan.batch:
                 return impls["exact"](plan, *args)
-            name, names = choose(primitive, plan), _choice.candidates(primitive, plan)
+            name, names = _choice.plan_choice(primitive, plan)
             if (names or name not in ("exact", "overlap")) and not _finite(*checked):
                 return impls["exact"](plan, *args)
             if names:

@@ -117,7 +117,8 @@ def strategy(spec: str | None = None, **per_primitive: str) -> Iterator[None]:
 
 def forced(primitive: str) -> str | None:
     """The strategy forced for a primitive (context manager first, then the environment)."""
-    name = dict(_FORCED.get()).get(primitive)
+    context = _FORCED.get()
+    name = dict(context).get(primitive) if context else None
     if name is None and os.environ.get(ENV):
         name = _parse(os.environ[ENV]).get(primitive)
     return name
@@ -365,16 +366,24 @@ def costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
 def choose(primitive: str, plan: ConvPlan) -> str:
     """The strategy for one call: the forced one, else the measured one (:func:`measure`),
     else the cheapest by :func:`costs`."""
+    return plan_choice(primitive, plan)[0]
+
+
+def plan_choice(primitive: str, plan: ConvPlan) -> tuple[str, tuple[str, ...]]:
+    """``(strategy, candidates)`` for one call: :func:`choose`'s strategy, and the
+    strategies to measure on this call instead (:func:`candidates`; the model's pick first),
+    or none. One pass over the switches, for the per-call path."""
     name = forced(primitive)
     if name is not None:
-        return name
+        return name, ()
     if _AUTOTUNE.enabled():
-        with _lock:
-            known = _measurements.get(_key(primitive, plan, plan.dtype))
-        if known is not None:
-            return known
+        names = _measurable(primitive, plan, plan.dtype)
+        if names:
+            with _lock:
+                known = _measurements.get(_key(primitive, plan, plan.dtype))
+            return (known, ()) if known is not None else (names[0], names)
     c = _costs(primitive, plan)
-    return min(c, key=c.__getitem__)
+    return min(c, key=c.__getitem__), ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,14 +435,7 @@ def candidates(primitive: str, plan: ConvPlan) -> list[str]:
     model puts outside :data:`MEASURE_MIN_S` .. :data:`MEASURE_MAX_S`. Ungrouped forward and
     backward_data calls may measure ``exact`` too (one product per tap over its in-range
     window), whose estimate (:func:`_exact`) the model's own pick does not weigh."""
-    if forced(primitive) is not None or not _AUTOTUNE.enabled():
-        return []
-    names = _measurable(primitive, plan, plan.dtype)
-    if names:
-        with _lock:
-            if _key(primitive, plan, plan.dtype) in _measurements:
-                return []
-    return list(names)
+    return list(plan_choice(primitive, plan)[1])
 
 
 @functools.lru_cache(maxsize=1024)
