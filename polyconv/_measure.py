@@ -53,14 +53,15 @@ class Switch:
             self._value.reset(token)
 
 
-def time_candidates(calls: Mapping[str, Callable[[], float]], rounds: int,
-                    drop_factor: float) -> dict[str, float]:
+def time_candidates(calls: Mapping[str, Callable[[], float]], rounds: int = 0,
+                    drop_factor: float = math.inf) -> dict[str, float]:
     """Seconds per call of each candidate: ``calls[name]()`` runs it once and returns the
     seconds it took (``inf`` if it cannot run; an exception counts as that).
 
     Each candidate is called once; one whose call took ``drop_factor`` times the best is not
     called again (that call stands). The others are called in ``rounds`` more interleaved
-    rounds (alternating the order), and each one's fastest call is its estimate.
+    rounds (alternating the order), and each one's fastest call is its estimate. With no
+    rounds, each candidate's one call is its estimate.
     """
     def once(name: str) -> float:
         try:

@@ -69,6 +69,21 @@ def test_the_plan_has_several_candidates_the_models_pick_first():
         assert CANDIDATES[0] == polyconv_numpy.choose(PRIMITIVE, PLAN)
 
 
+def test_the_models_pick_comes_first_even_where_the_exact_estimate_is_lower(monkeypatch):
+    """The model's pick is the one a tie keeps, so it leads the candidates even where the
+    exact path (priced for measuring only) is estimated cheaper."""
+    monkeypatch.setattr(_choice, "_exact", lambda primitive, plan, z: 1e-9)
+    _choice._measurable.cache_clear()
+    try:
+        with polyconv_numpy.autotune(False):
+            pick_ = polyconv_numpy.choose(PRIMITIVE, PLAN)
+        with polyconv_numpy.autotune(True):
+            names = _choice.candidates(PRIMITIVE, PLAN)
+    finally:
+        _choice._measurable.cache_clear()
+    assert pick_ != "exact" and names[0] == pick_ and "exact" in names
+
+
 @pytest.mark.parametrize("winner", range(len(CANDIDATES)))
 def test_the_fastest_candidate_is_kept_and_computes_the_first_call(measuring, monkeypatch,
                                                                    winner):

@@ -407,8 +407,6 @@ MEASURE_MAX_S = 0.25
 MEASURE_WITHIN = 2.5
 #: the model's pick is kept unless another is faster by more than this fraction
 MEASURE_TIE = 0.05
-#: (the rule's drop factor: unused with one round of two back-to-back calls per candidate)
-MEASURE_DROP_FACTOR = 2.0
 
 
 def autotune(enabled: bool = True):
@@ -447,8 +445,10 @@ def _measurable(primitive: str, plan: ConvPlan, dtype: str | None) -> tuple[str,
         return ()
     if plan.groups == 1 and "exact" not in c:
         c["exact"] = _exact(primitive, plan, _Sizes(plan))
-    names = sorted((n for n in c if c[n] <= MEASURE_WITHIN * c[best]), key=c.__getitem__)
-    return tuple(names) if len(names) > 1 else ()
+    # the model's pick first, whatever the exact path's estimate: it is the one kept on a tie
+    near = sorted((n for n in c if n != best and c[n] <= MEASURE_WITHIN * c[best]),
+                  key=c.__getitem__)
+    return (best, *near) if near else ()
 
 
 def measure(primitive: str, plan: ConvPlan, calls: dict[str, Callable[[], float]]) -> str:
@@ -463,8 +463,7 @@ def measure(primitive: str, plan: ConvPlan, calls: dict[str, Callable[[], float]
     def twice(call: Callable[[], float]) -> Callable[[], float]:
         return lambda: min(call(), call())
 
-    times = time_candidates({n: twice(c) for n, c in calls.items()}, rounds=0,
-                            drop_factor=MEASURE_DROP_FACTOR)
+    times = time_candidates({n: twice(c) for n, c in calls.items()})
     choice = pick(times, ((next(iter(calls)), MEASURE_TIE),))
     with _lock:
         _measurements[_key(primitive, plan, plan.dtype)] = choice
