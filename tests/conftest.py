@@ -45,6 +45,8 @@ class Target:
     devices: Callable[[Any], list] = field(default=lambda xp: [None], compare=False)
     # eager JAX compiles every call once per shape: smoke tests run fewer dtypes there
     expensive: bool = False
+    # where the arrays go when a test names no device (None: the library's default)
+    default_device: str | None = None
 
     @property
     def array_library(self) -> str:
@@ -67,6 +69,8 @@ class Target:
             return f"polyconv backend {self.backend!r} is not installed"
         if importlib.util.find_spec(self.library) is None:
             return f"array library {self.library!r} is not installed"
+        if self.default_device == "cuda" and not _cuda_available(self.array_library):
+            return f"{self.array_library} sees no CUDA device"
         return None
 
     @property
@@ -75,7 +79,8 @@ class Target:
 
     def asarray(self, x: np.ndarray, device: Any = None) -> Any:
         """A numpy array as an array of this target's library (same dtype), on ``device``
-        (the library's default when ``None``)."""
+        (the target's default when ``None``)."""
+        device = device or self.default_device
         if self.library == "numpy":
             return np.array(x, copy=True)
         if self.library == "jax.numpy":
@@ -90,6 +95,8 @@ class Target:
             else:
                 t = torch.from_numpy(np.array(x, copy=True))
             return t if device is None else t.to(device)
+        if self.library == "cupy":
+            return self.xp.asarray(x)                      # on the current CUDA device
         return self.xp.asarray(x, device=device)
 
     def to_numpy(self, y: Any) -> np.ndarray:
@@ -98,6 +105,8 @@ class Target:
             return y.detach().to(dtype=__import__("torch").float64).cpu().numpy()
         if self.library == "array_api_strict":
             return np.asarray(y._array, dtype=np.float64)  # no __array__ by design
+        if self.library == "cupy":
+            return y.get().astype(np.float64)              # no implicit copy to the host
         return np.asarray(y).astype(np.float64)
 
     def dtype_of(self, y: Any) -> str:
@@ -126,6 +135,23 @@ TARGETS: tuple[Target, ...] = (
     Target("torch", "torch", "torch"),
 )
 
+#: targets on a CUDA GPU: selected only where ``POLYCONV_TEST_BACKENDS`` names them (a GPU
+#: machine; CI has none), so a run without a GPU shows no skip for each of their tests
+GPU_TARGETS: tuple[Target, ...] = (
+    Target("torch-cuda", "torch", "torch", default_device="cuda"),
+    Target("array_api-cupy", "array_api", "cupy", ("float32", "float16", "float64"),
+           default_device="cuda"),
+)
+
+
+def _cuda_available(library: str) -> bool:
+    try:
+        if library == "torch":
+            return importlib.import_module("torch").cuda.is_available()
+        return importlib.import_module(library).cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device
+        return False
+
 
 def _requested() -> set[str]:
     raw = os.environ.get("POLYCONV_TEST_BACKENDS", "")
@@ -134,13 +160,13 @@ def _requested() -> set[str]:
 
 def pytest_configure(config):
     requested = _requested()
-    known = {t.name for t in TARGETS}
+    known = {t.name for t in TARGETS + GPU_TARGETS}
     unknown = requested - known
     if unknown:
         msg = (f"POLYCONV_TEST_BACKENDS names unknown targets {sorted(unknown)}; "
                f"known: {sorted(known)}")
         raise pytest.UsageError(msg)
-    for target in TARGETS:
+    for target in TARGETS + GPU_TARGETS:
         if target.name in requested and (why := target.available()) is not None:
             msg = f"POLYCONV_TEST_BACKENDS asks for {target.name!r} but {why}"
             raise pytest.UsageError(msg)
@@ -198,7 +224,7 @@ def _selected() -> list[Target]:
     requested = _requested()
     if not requested:
         return list(TARGETS)
-    return [t for t in TARGETS if t.name in requested]
+    return [t for t in TARGETS + GPU_TARGETS if t.name in requested]
 
 
 def backend_targets(backend: str) -> list:
