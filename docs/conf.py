@@ -97,11 +97,15 @@ def _benchmarks(out: Path) -> None:
         plot(results, out / f"{stem}.png")
         table.write_text(format_markdown(results)
                          + f"\n![GFLOP/s per case and competitor]({stem}.png)\n")
-    from polyconv.benchmarks.corpus import format_markdown as corpus_markdown
+    from polyconv.benchmarks.corpus_report import format_gpu_markdown
+    from polyconv.benchmarks.corpus_report import format_markdown as corpus_markdown
 
     source, table = DOCS / "benchmarks-corpus.json", out / "benchmarks-corpus.md"
     table.write_text(corpus_markdown(json.loads(source.read_text())) if source.exists() else
                      "No results yet: run `nox -s bench` to measure this machine.\n")
+    source, table = DOCS / "benchmarks-gpu.json", out / "benchmarks-gpu.md"
+    table.write_text(format_gpu_markdown(json.loads(source.read_text())) if source.exists()
+                     else "No GPU results yet: `polyconv bench --corpus --device gpu`.\n")
 
 
 def setup(app):

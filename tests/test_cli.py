@@ -381,7 +381,7 @@ def test_bench_smoke(tmp_path, capsys):
 def test_bench_corpus_smoke(tmp_path, capsys):
     # the real-model corpus runs end to end through `polyconv bench --corpus` (one layer, one
     # round) and writes its JSON; only structure and the ratios' arithmetic are asserted
-    from polyconv.benchmarks import corpus, suite
+    from polyconv.benchmarks import corpus, corpus_report, suite
 
     out = tmp_path / "corpus.json"
     assert suite.main(["--corpus", "--layers", "DCGAN G: ConvT 64->3", "--repeats", "1",
@@ -396,12 +396,25 @@ def test_bench_corpus_smoke(tmp_path, capsys):
         assert row["median_s"]["polyconv-numpy"] > 0
         if "polyconv-jax" in row["median_s"]:
             t = row["median_s"]
-            assert corpus.ratios(row)["jax/lax"] == pytest.approx(t["polyconv-jax"] / t["lax"])
+            assert corpus_report.ratios(row)["jax/lax"] == pytest.approx(
+                t["polyconv-jax"] / t["lax"])
     assert "DCGAN G: ConvT 64->3" in capsys.readouterr().out
-    assert "| DCGAN G: ConvT 64->3 k4 s2 32x32 | gradient |" in corpus.format_markdown(results)
+    assert ("| DCGAN G: ConvT 64->3 k4 s2 32x32 | gradient |"
+            in corpus_report.format_markdown(results))
     # every layer resolves (its shapes are a valid call) and names its public source
     for layer in corpus.LAYERS:
         assert layer.plan.shape and layer.source and layer.flops > 0
+
+
+def test_corpus_ratios_take_pytorchs_best_full_precision_configuration():
+    # on CUDA PyTorch runs in two memory formats (the faster is the peer) and with TF32,
+    # which is reported apart: it is not the same arithmetic
+    from polyconv.benchmarks.corpus_report import ratios
+
+    row = {"median_s": {"polyconv-jax": 2.0, "torch": 4.0, "torch NCX": 1.0, "torch tf32": 0.5,
+                        "polyconv-torch": 1.5, "polyconv-cupy": 3.0, "lax": 2.0}}
+    assert ratios(row) == {"jax/lax": 1.0, "jax/torch": 2.0, "jax/torch tf32": 4.0,
+                           "polyconv-torch/torch": 1.5, "cupy/torch": 3.0}
 
 
 def test_bench_cases_filter_matching_nothing_is_an_error(capsys):

@@ -229,3 +229,40 @@ def test_measured_choice_under_jit_grad_and_vmap_matches_the_oracle(measuring):
     chosen = _choice.measured_choices()
     assert chosen, "nothing was measured"
     assert all(name in _choice.LOWERINGS[key.split("|")[3]] for key, name in chosen.items())
+
+
+def _conv_plan(kernel, strides, groups=1, src=(2, 9, 9, 8), oc=8):
+    return polyconv.infer_shape("Convolution", src, (*kernel, src[-1] // groups, oc),
+                                strides=strides, groups=groups, pads_begin=1, pads_end=1,
+                                weights_format="XIO")
+
+
+@pytest.mark.parametrize(("plan", "expected"), [
+    # ungrouped 2-D 3x3 stride 2: patches for forward and weights, overlap-add for data
+    (_conv_plan((3, 3), 2), ("patches_matmul", "matmul_overlap_add", "patches_matmul")),
+    # stride 1: the data gradient stays the plain (cuDNN) convolution
+    (_conv_plan((3, 3), 1), ("patches_matmul", "direct", "patches_matmul")),
+    # 5x5 = 25 taps: the forward does not gather
+    (_conv_plan((5, 5), 2), ("direct", "matmul_overlap_add", "patches_matmul")),
+    # grouped plans take the plain lowering throughout
+    (_conv_plan((3, 3), 2, groups=4), ("direct", "direct", "direct")),
+    # one tap with a stride: XLA GPU may abort compiling its im2col, so never patches
+    (_conv_plan((1, 1), 2), ("direct", "matmul_overlap_add", "direct")),
+])
+def test_the_gpu_policy(plan, expected):
+    """Without measuring, a GPU takes the rules measured on an H100; every other platform but
+    the CPU takes the plain lowering."""
+    primitives = ("forward", "backward_data", "backward_weights")
+    assert tuple(_choice.policy(p, plan, "gpu") for p in primitives) == expected
+    assert all(_choice.policy(p, plan, "tpu") == "direct" for p in primitives)
+
+
+def test_no_candidate_that_xla_gpu_may_abort_compiling():
+    """A one-tap strided plan's im2col lowerings (XLA GPU's Triton fusion of the strided
+    slice fails a check and aborts the process) are measured on CPU, never on GPU."""
+    plan = _conv_plan((1, 1), 3)
+    for primitive in ("forward", "backward_weights"):
+        assert "patches_matmul" in _choice.candidates(primitive, plan, "cpu")
+        on_gpu = _choice.candidates(primitive, plan, "gpu")
+        assert "patches_matmul" not in on_gpu and "direct" in on_gpu
+    assert "patches_matmul" in _choice.candidates("forward", _conv_plan((1, 1), 1), "gpu")

@@ -15,7 +15,8 @@ primitive is traced, in this order:
    of the measurement. Plans under :data:`MEASURE_MIN_MACS` multiply-adds are not
    measured: there is too little to win;
 3. otherwise the platform's default policy: on CPU the rules of each family's ``choose_*``
-   (set from measurements on a 2-core x86 CPU); elsewhere the plain lowering, which is what
+   (set from measurements on a 2-core x86 CPU); on GPU :func:`gpu_policy` (set from
+   measurements on an H100); elsewhere (TPU, not measured) the plain lowering, which is what
    XLA's own convolution autotuning sees.
 
 ``POLYCONV_JAX_AUTOTUNE=0`` (or :func:`autotune` ``(False)``) turns measuring off, for
@@ -53,7 +54,7 @@ from ._backward_data import (
     subpixel_is_exact,
 )
 from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
-from ._forward import FORWARD, choose_forward, forward_applicable
+from ._forward import FORWARD, choose_forward, forward_applicable, patches_abort_xla_gpu
 
 #: the lowerings of each primitive, by name; the first is the plain one-call lowering
 IMPLEMENTATIONS = {"forward": FORWARD, "backward_data": BACKWARD_DATA,
@@ -107,8 +108,10 @@ def force_lowering(**by_primitive: str | None):
     For tests and benchmarks, e.g. ``force_lowering(backward_data="phases")``; the names are
     in :data:`LOWERINGS`. A lowering that cannot compute a plan (``elementwise`` with more than
     8 channels per group, ``grouped`` on an ungrouped plan, ...) falls back to the usual
-    choice. The setting is read when a polyconv op is *traced*: a function that was already
-    jitted keeps the lowering it was compiled with. It overrides the environment variable
+    choice, and so does ``patches_matmul`` where XLA GPU may abort compiling it
+    (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`). The setting is read when a
+    polyconv op is *traced*: a function that was already jitted keeps the lowering it was
+    compiled with. It overrides the environment variable
     ``POLYCONV_JAX_LOWERING`` (same names, e.g. ``backward_data=phases,backward_weights=direct``),
     which is read per call.
     """
@@ -169,7 +172,9 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     backward_data is left out: it is XLA CPU's slow path, 100-400x the time of every other
     lowering (seconds per call on decoder layers), so measuring it would cost more than any
     choice can save, and it cannot win; so is it where XLA CPU may abort compiling it
-    (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`)."""
+    (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`). On GPU the im2col
+    lowerings are left out where XLA GPU may abort compiling them
+    (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)."""
     platform = platform or jax.default_backend()
     out = [name for name in LOWERINGS[primitive] if is_applicable(primitive, plan, name)]
     if primitive == "backward_data" and not subpixel_is_exact(plan):
@@ -178,23 +183,59 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
             (plan.ndim >= 3 and any(s > 1 for s in plan.strides))
             or direct_aborts_xla_cpu(plan)):
         out = [name for name in out if name != "direct"]
+    if platform == "gpu" and patches_abort_xla_gpu(plan):
+        out = [name for name in out if name != "patches_matmul"]
     first = policy(primitive, plan, platform)
     return sorted(out, key=lambda name: name != first)
 
 
+#: the GPU policy's preferred lowering per primitive, for ungrouped plans (measured on an
+#: H100 over the real-model corpus: docs/benchmarks-gpu.json); the plain lowering otherwise
+GPU_PREFERRED = {"forward": "patches_matmul", "backward_data": "matmul_overlap_add",
+                 "backward_weights": "patches_matmul"}
+#: the GPU forward gathers patches only up to this many kernel taps (a 3-D 3x3x3 kernel's
+#: 27 gathered copies made it 1.2-1.6x slower than the plain convolution)
+GPU_PATCHES_MAX_TAPS = 16
+
+
+def gpu_policy(primitive: str, plan: ConvPlan) -> str:
+    """The default lowering on GPU (measured on an H100, XLA's cuDNN convolutions, the
+    real-model corpus at 8x its CPU batches). For ungrouped plans: the weight gradient
+    gathers patches and multiplies once (``patches_matmul``: 1.0-1.4x faster than XLA's
+    weight-gradient convolution on 2-D and 1-D layers, 1.8-2.9x on 3-D up-convolutions,
+    26-36x on the 3-D 64->1 decoder);
+    a strided backward_data multiplies first and overlap-adds (``matmul_overlap_add``:
+    1.2-1.7x, 40x on that decoder in bfloat16); the forward gathers patches when the kernel
+    has at most :data:`GPU_PATCHES_MAX_TAPS` taps (1.1-1.9x). Everything else, grouped plans
+    and one-tap strided plans (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)
+    included, takes the plain lowering."""
+    name = GPU_PREFERRED[primitive]
+    if (plan.groups != 1 or not is_applicable(primitive, plan, name)
+            or (name == "patches_matmul" and patches_abort_xla_gpu(plan))
+            or (primitive == "backward_data" and all(s == 1 for s in plan.strides))
+            or (primitive == "forward" and math.prod(plan.kernel) > GPU_PATCHES_MAX_TAPS)):
+        return LOWERINGS[primitive][0]
+    return name
+
+
 def policy(primitive: str, plan: ConvPlan, platform: str | None = None) -> str:
-    """The default lowering without measuring: the CPU rules on CPU, the plain lowering on
-    other platforms (not measured there)."""
+    """The default lowering without measuring: the CPU rules on CPU, the GPU rules
+    (:func:`gpu_policy`) on GPU, the plain lowering on other platforms (not measured
+    there)."""
     platform = platform or jax.default_backend()
     if platform == "cpu":
         return _CPU_POLICY[primitive](plan)
+    if platform == "gpu":
+        return gpu_policy(primitive, plan)
     return LOWERINGS[primitive][0]
 
 
 def choose(primitive: str, plan: ConvPlan, precision) -> str:
     """The lowering that computes ``primitive`` for ``plan`` (see the module docstring)."""
     forced = requested(primitive)
-    if forced is not None and is_applicable(primitive, plan, forced):
+    if forced is not None and is_applicable(primitive, plan, forced) and not (
+            forced == "patches_matmul" and jax.default_backend() == "gpu"
+            and patches_abort_xla_gpu(plan)):
         return forced
     names = candidates(primitive, plan)
     if len(names) == 1:
@@ -216,6 +257,7 @@ def choose(primitive: str, plan: ConvPlan, precision) -> str:
 _WORKER = "polyconv-autotune"
 _lock = threading.Lock()
 _measurements: dict[str, str] = {}
+_times: dict[str, dict[str, float]] = {}
 _loaded_from: str | None = None
 
 
@@ -260,6 +302,13 @@ def measured_choices() -> dict[str, str]:
     """The lowerings measured so far in this process (and loaded from the cache file)."""
     with _lock:
         return dict(_measurements)
+
+
+def measured_times() -> dict[str, dict[str, float]]:
+    """Each measurement of this process: seconds per call of every candidate lowering (the
+    fastest call; infinity for one that failed to compile or run), by the same keys."""
+    with _lock:
+        return {key: dict(times) for key, times in _times.items()}
 
 
 def _inputs(primitive: str, plan: ConvPlan):
@@ -331,5 +380,6 @@ def _measured(primitive: str, plan: ConvPlan, precision, names) -> str:
                           (names[0], MEASURE_TIE)))
     with _lock:
         _measurements[key] = choice
+        _times[key] = times
         _store(path)
     return choice

@@ -126,6 +126,16 @@ def patches_fit(plan: ConvPlan) -> bool:
     return plan.groups == 1 and size <= PATCHES_MAX_GROWTH * largest
 
 
+def patches_abort_xla_gpu(plan: ConvPlan) -> bool:
+    """Whether XLA GPU (jaxlib 0.11.2) may abort the process compiling an im2col lowering:
+    with a one-tap kernel and a stride, the patches are one strided slice, which XLA fuses
+    into its Triton matrix product, and its tiling pass fails a check
+    (``triton_tiling_propagation.cc``: "src_fragment_it != src_fragments_order.end()"; seen
+    on 3 of 10 such plans of the test grid, with padding). Such plans never get the im2col
+    lowerings on GPU unless forced."""
+    return math.prod(plan.kernel) == 1 and any(s > 1 for s in plan.strides)
+
+
 def weights_matrix(plan: ConvPlan, w):
     """The weights as ``[T*Ca, Cb]`` (tap-major rows, as :func:`patches` orders them)."""
     wc = jnp.transpose(w, plan.weights_perm)           # [Cb, Ca, K..]

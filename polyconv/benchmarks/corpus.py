@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
@@ -40,6 +40,7 @@ import numpy as np
 import polyconv
 from polyconv._compare import numpy_dtype
 
+from .corpus_report import format_table
 from .suite import (
     _THREADS_ENV,
     _lead_in,
@@ -212,7 +213,11 @@ def _polyconv_numpy(layer: Layer, mode: str, arrays):
     return both
 
 
-def _torch(layer: Layer, mode: str, arrays):
+def _torch(layer: Layer, mode: str, arrays, device: str = "cpu", memory: str = "channels_last",
+           tf32: bool = False):
+    """``torch.nn.functional`` on ``device`` with data in ``memory`` format (channels-last:
+    PyTorch CPU's fastest; on CUDA cuDNN's benchmark mode picks the algorithm, and TF32 is
+    off unless ``tf32``, so the arithmetic is the full float32 of polyconv's default)."""
     import torch
     import torch.nn.functional as F
 
@@ -221,22 +226,21 @@ def _torch(layer: Layer, mode: str, arrays):
     p = layer.plan
     d = p.ndim
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layer.dtype]
-    memfmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
+    memfmt = ({2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
+              if memory == "channels_last" else None)
 
-    def data(a):      # the layer's layout -> logical NCX, channels-last in memory
-        a = np.asarray(a, np.float32)
-        if p.channels_last:
-            a = np.moveaxis(a, -1, 1)
-        t = torch_tensor(a, tdt)
+    def tensor(a):
+        t = torch_tensor(a, tdt).to(device)
         return t.contiguous(memory_format=memfmt) if memfmt else t
 
+    def data(a):      # the layer's layout -> logical NCX
+        a = np.asarray(a, np.float32)
+        return tensor(np.moveaxis(a, -1, 1) if p.channels_last else a)
+
     x, w, g = arrays
-    wc = np.transpose(np.asarray(w, np.float32), p.weights_perm)     # [Cb, Ca/G, K..]
-    transposed = layer.op == "conv_transpose"
     # torch's weights are canonical: [IC, OC/G, K..] for ConvTranspose, [OC, IC/G, K..] for Conv
-    wt = torch_tensor(wc, tdt)
-    if memfmt:
-        wt = wt.contiguous(memory_format=memfmt)
+    wt = tensor(np.transpose(np.asarray(w, np.float32), p.weights_perm))
+    transposed = layer.op == "conv_transpose"
     xt, gt = data(x), data(g)
     pad = list(p.pads_begin)
     opad = list(p.output_padding) if transposed else [0] * d
@@ -248,10 +252,21 @@ def _torch(layer: Layer, mode: str, arrays):
         else:
             f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
             kw = dict(stride=p.strides, padding=pad, dilation=p.dilations, groups=p.groups)
-        return lambda: f(xt, wt, **kw)
-    args = (gt, xt, wt, None, p.strides, pad, p.dilations, transposed, opad, p.groups,
-            (True, True, False))
-    return lambda: torch.ops.aten.convolution_backward(*args)
+        call = partial(f, xt, wt, **kw)
+    else:
+        call = partial(torch.ops.aten.convolution_backward, gt, xt, wt, None, p.strides, pad,
+                       p.dilations, transposed, opad, p.groups, (True, True, False))
+    if device == "cpu":
+        return call
+
+    def on_cuda():
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                        allow_tf32=tf32):
+            out = call()
+        torch.cuda.synchronize()
+        return out
+
+    return on_cuda
 
 
 def _lax(layer: Layer, mode: str, arrays):
@@ -363,107 +378,23 @@ def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
             "skipped": skipped}
 
 
-def ratios(row: dict[str, Any]) -> dict[str, float]:
-    """polyconv-jax's time over each peer's, and polyconv-numpy's over PyTorch's (below 1:
-    polyconv is faster)."""
-    t = row["median_s"]
-    out = {}
-    if "polyconv-jax" in t:
-        for peer, key in (("lax", "jax/lax"), ("torch", "jax/torch"),
-                          ("polyconv-jax backward ops", "jax/own ops")):
-            if peer in t:
-                out[key] = t["polyconv-jax"] / t[peer]
-    # the numpy backend's ratio stands on its own (a run without JAX reports it too)
-    if "polyconv-numpy" in t and "torch" in t:
-        out["numpy/torch"] = t["polyconv-numpy"] / t["torch"]
-    return out
+def _chosen(layer: Layer) -> tuple[str, dict[str, dict[str, float]]]:
+    """The lowerings the JAX backend measured for the layer's plan (F, D, W), and each
+    candidate's measured seconds per primitive."""
+    if "polyconv_jax" not in sys.modules:
+        return "", {}
+    from polyconv_jax import canonical_precision, measured_choices
+    from polyconv_jax._choice import measured_times, plan_key
 
-
-def geomean(values) -> float:
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def format_table(results: dict[str, Any]) -> str:
-    keys = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch")
-    lines = [f"{'layer':58s} {'mode':9s} {'jax ms':>8s} {'numpy ms':>8s} "
-             + " ".join(f"{k:>11s}" for k in keys)]
-    per_key: dict[str, list[float]] = {k: [] for k in keys}
-    per_mode: dict[str, list[float]] = {}
-    for row in results["layers"]:
-        r = ratios(row)
-        t = row["median_s"].get("polyconv-jax")
-        tn = row["median_s"].get("polyconv-numpy")
-        cells = []
-        for k in keys:
-            cells.append(f"{r[k]:11.2f}" if k in r else f"{'-':>11s}")
-            if k in r:
-                per_key[k].append(r[k])
-        if "numpy/torch" in r:
-            per_mode.setdefault(row["mode"], []).append(r["numpy/torch"])
-        lines.append(f"{row['layer'][:58]:58s} {row['mode']:9s} "
-                     f"{t * 1e3 if t else float('nan'):8.2f} "
-                     f"{tn * 1e3 if tn else float('nan'):8.2f} " + " ".join(cells))
-    lines.append(f"{'geometric mean':58s} {'':9s} {'':8s} {'':8s} "
-                 + " ".join(f"{geomean(per_key[k]):11.2f}" for k in keys))
-    for mode, values in per_mode.items():
-        lines.append(f"{'numpy/torch geometric mean, ' + mode:58s} {'':9s} {'':8s} {'':8s} "
-                     + " " * 12 * (len(keys) - 1) + f"{geomean(values):11.2f}"
-                     + f"   (worst {max(values):.2f})")
-    lines.append("ratios: polyconv's median time over the peer's in the same run "
-                 "(below 1: polyconv is faster)")
-    return "\n".join(lines)
-
-
-def format_markdown(results: dict[str, Any]) -> str:
-    """The run as a Markdown table: polyconv-jax's median time and its ratio to each peer."""
-    keys = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch")
-    m = results["machine"]
-    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs ({m.get('processor', '')}), Python "
-             f"{m['python']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
-             + ("" if "avx512" not in m else
-                f", {'with' if m['avx512'] else 'without'} AVX-512")
-             + "".join(f", {label} {m[k]}" for k, label in (
-                 ("blas_kernels", "numpy's BLAS kernels"),
-                 ("openblas_coretype", "OPENBLAS_CORETYPE")) if k in m)
-             + ".", "",
-             "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
-             + " | ".join(keys) + " |",
-             "|---|---|---|---|---|" + "---|" * len(keys)]
-    per_key: dict[str, list[float]] = {k: [] for k in keys}
-    for row in results["layers"]:
-        r = ratios(row)
-        for k in r:
-            per_key.setdefault(k, []).append(r[k])
-        t = row["median_s"].get("polyconv-jax")
-        tn = row["median_s"].get("polyconv-numpy")
-        cells = [f"{r[k]:.2f}" if k in r else "-" for k in keys]
-        lines.append(f"| {row['layer']} | {row['mode']} | "
-                     + (f"{t * 1e3:.2f} ms" if t else "-")
-                     + f" | {row.get('lowering', '')} | "
-                     + (f"{tn * 1e3:.2f} ms" if tn else "-") + " | " + " | ".join(cells) + " |")
-    lines.append("| **geometric mean** | | | | | "
-                 + " | ".join(f"**{geomean(per_key[k]):.2f}**" for k in keys) + " |")
-    lines += ["", "Ratios: polyconv's median time over the peer's, same run (below 1: polyconv "
-              "is faster). *own ops*: polyconv's two backward ops for the layer, the cost the "
-              "gradient should match. *lowering*: what the JAX backend measured and chose, per "
-              "primitive (F forward, D backward_data, W backward_weights)."]
-    return "\n".join(lines) + "\n"
-
-
-def _chosen(layer: Layer) -> str:
-    """The lowerings the JAX backend measured for the layer's plan (F, D, W)."""
-    try:
-        from polyconv_jax import canonical_precision, measured_choices
-        from polyconv_jax._choice import plan_key
-    except ImportError:
-        return ""
     plan = layer.plan.with_(dtype=layer.dtype)
     precision = canonical_precision(layer.op, None)
-    chosen = measured_choices()
+    chosen, times = measured_choices(), measured_times()
     letters = {"forward": "F", "backward_data": "D", "backward_weights": "W"}
-    return " ".join(f"{letter}:{chosen[plan_key(p, plan, precision)]}"
-                    for p, letter in letters.items() if plan_key(p, plan, precision) in chosen)
+    keys = {p: plan_key(p, plan, precision) for p in letters}
+    text = " ".join(f"{letter}:{chosen[keys[p]]}" for p, letter in letters.items()
+                    if keys[p] in chosen)
+    return text, {p: {name: (t if math.isfinite(t) else None) for name, t in times[k].items()}
+                  for p, k in keys.items() if k in times}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -477,17 +408,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated competitor names (default: all)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="gpu: JAX, PyTorch and CuPy on the first CUDA device (JAX on its "
+                             "default device), PyTorch in both memory formats and with TF32")
+    parser.add_argument("--batch-scale", type=int, default=1,
+                        help="multiply every layer's batch (GPU training batches are larger)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    layers = [ly for ly in LAYERS if args.layers.lower() in ly.title.lower()]
+    layers = [replace(ly, src=(ly.src[0] * args.batch_scale, *ly.src[1:])) for ly in LAYERS
+              if args.layers.lower() in ly.title.lower()]
     if not layers:
         parser.error(f"--layers {args.layers!r} matches no layer")
     modes = [m for m in args.modes.split(",") if m]
-    comps = select_competitors(parser, args.competitors, COMPETITORS)
+    if args.device == "gpu":
+        from .corpus_gpu import GPU_COMPETITORS, gpu_machine
+        comps = select_competitors(parser, args.competitors, GPU_COMPETITORS)
+    else:
+        comps = select_competitors(parser, args.competitors, COMPETITORS)
     if args.threads is not None:
         if os.environ.get(_THREADS_ENV) != str(args.threads):
             return _rerun_with_threads(args.threads, ["--corpus", *(
@@ -502,9 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     for layer in layers:
         for mode in modes:
             row = run_layer(layer, mode, comps, args.repeats, args.warmup, log)
-            row["lowering"] = _chosen(layer)
+            row["lowering"], row["lowering_s"] = _chosen(layer)
             rows.append(row)
     results = {"machine": machine(), "layers": rows}   # after the runs: what they ran under
+    if args.device == "gpu":
+        results["machine"].update(gpu_machine(), batch_scale=args.batch_scale)
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

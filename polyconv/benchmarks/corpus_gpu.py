@@ -1,0 +1,120 @@
+"""The real-model corpus on a CUDA GPU: the competitors of ``polyconv bench --corpus --device gpu``.
+
+On the GPU every call is timed until its results are ready (``block_until_ready``,
+``torch.cuda.synchronize``). The competitors:
+
+- ``polyconv-jax``, ``polyconv-jax backward ops`` and ``lax``, as on the CPU, on JAX's default
+  device (the GPU when JAX's CUDA plugin is installed);
+- ``torch`` and ``torch NCX``: ``torch.nn.functional`` on CUDA with channels-last and with
+  contiguous (channels-first) memory, cuDNN's benchmark mode on and TF32 off, i.e. the full
+  float32 arithmetic of polyconv's default; ratios take the faster of the two;
+- ``torch tf32``: the same with TF32 allowed, PyTorch's default for cuDNN convolutions (10
+  mantissa bits in the products: faster, and not the same arithmetic);
+- ``polyconv-torch``: polyconv's PyTorch backend on CUDA tensors in the layer's own layout
+  (forward; the gradient through autograd), cuDNN's benchmark mode on as for ``torch``;
+- ``polyconv-cupy``: polyconv's array-API backend on CuPy arrays (forward; the gradient row
+  times the two backward ops).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import polyconv
+
+from .corpus import Competitor, Layer, _backward_ops, _lax, _polyconv_jax, _torch
+from .suite import torch_tensor
+
+
+def _polyconv_torch(layer: Layer, mode: str, arrays):
+    import torch
+
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layer.dtype]
+    x, w, g = (torch_tensor(np.asarray(a, np.float32), tdt).to("cuda") for a in arrays)
+    op = partial(getattr(polyconv, layer.op), **layer.attrs)
+    if mode == "forward":
+        def call():
+            return op(x, w)
+    else:
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+
+        def call():
+            return torch.autograd.grad(op(x, w), (x, w), g)
+
+    def timed():
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                        allow_tf32=False):
+            out = call()
+        torch.cuda.synchronize()
+        return out
+    return timed
+
+
+def _polyconv_cupy(layer: Layer, mode: str, arrays):
+    import cupy
+
+    if layer.dtype not in ("float32", "float16", "float64"):
+        raise TypeError(f"CuPy has no {layer.dtype}")
+    x, w, g = (cupy.asarray(a) for a in arrays)
+    sync = cupy.cuda.Device().synchronize
+    if mode == "forward":
+        op = getattr(polyconv, layer.op)
+
+        def forward():
+            y = op(x, w, **layer.attrs)
+            sync()
+            return y
+        return forward
+    data_op, weights_op = _backward_ops(layer)
+    extra = {"dst_shape": layer.src} if layer.op == "convolution" else {}
+
+    def both():
+        out = (data_op(g, w, **extra, **layer.attrs),
+               weights_op(x, g, w.shape, **layer.attrs))
+        sync()
+        return out
+    return both
+
+
+GPU_COMPETITORS: tuple[Competitor, ...] = (
+    Competitor("polyconv-jax", "jax", _polyconv_jax),
+    Competitor("polyconv-jax backward ops", "jax", _polyconv_jax, mode="backward_ops"),
+    Competitor("lax", "jax", _lax),
+    Competitor("torch", "torch", partial(_torch, device="cuda")),
+    Competitor("torch NCX", "torch", partial(_torch, device="cuda", memory="contiguous")),
+    Competitor("torch tf32", "torch", partial(_torch, device="cuda", tf32=True)),
+    Competitor("polyconv-torch", "torch", _polyconv_torch),
+    Competitor("polyconv-cupy", "cupy", _polyconv_cupy),
+)
+
+
+def gpu_machine() -> dict[str, Any]:
+    """The GPU and the libraries' view of it."""
+    info: dict[str, Any] = {}
+    try:
+        import jax
+
+        device = jax.devices()[0]
+        info["jax_device"] = f"{device.platform}: {device.device_kind}"
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["cuda"] = torch.version.cuda
+            info["cudnn"] = torch.backends.cudnn.version()
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except ImportError:
+        pass
+    return info

@@ -1,0 +1,122 @@
+"""The corpus run's report: each row's ratios to its peers, and the run as a table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: the ratios a run can report, in the tables' order: polyconv's time over the peer's
+RATIO_KEYS = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch", "jax/torch tf32",
+              "polyconv-torch/torch", "cupy/torch")
+#: PyTorch's full-float32 configurations; its best is the peer (CUDA: both memory formats)
+_TORCH = ("torch", "torch NCX")
+
+
+def ratios(row: dict[str, Any]) -> dict[str, float]:
+    """polyconv's time over each peer's (below 1: polyconv is faster): the JAX backend's
+    over plain lax, PyTorch (its best full-float32 configuration) and its own backward ops;
+    the numpy, torch and CuPy (array-API) backends' over PyTorch."""
+    t = row["median_s"]
+    out = {}
+    best_torch = min((t[k] for k in _TORCH if k in t), default=None)
+    peers = {"lax": t.get("lax"), "torch": best_torch,
+             "own ops": t.get("polyconv-jax backward ops"), "torch tf32": t.get("torch tf32")}
+    if "polyconv-jax" in t:
+        for peer, time_ in peers.items():
+            if time_:
+                out[f"jax/{peer}"] = t["polyconv-jax"] / time_
+    if best_torch:
+        # each backend's ratio stands on its own (a run without JAX reports it too)
+        for name, key in (("polyconv-numpy", "numpy/torch"),
+                          ("polyconv-torch", "polyconv-torch/torch"),
+                          ("polyconv-cupy", "cupy/torch")):
+            if name in t:
+                out[key] = t[name] / best_torch
+    return out
+
+
+def _keys(results: dict[str, Any]) -> tuple[str, ...]:
+    present = {k for row in results["layers"] for k in ratios(row)}
+    return tuple(k for k in RATIO_KEYS if k in present)
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def format_table(results: dict[str, Any]) -> str:
+    keys = _keys(results)
+    lines = [f"{'layer':58s} {'mode':9s} {'jax ms':>8s} {'numpy ms':>8s} "
+             + " ".join(f"{k:>11s}" for k in keys)]
+    per_key: dict[str, list[float]] = {k: [] for k in keys}
+    per_mode: dict[str, list[float]] = {}
+    for row in results["layers"]:
+        r = ratios(row)
+        t = row["median_s"].get("polyconv-jax")
+        tn = row["median_s"].get("polyconv-numpy")
+        cells = []
+        for k in keys:
+            cells.append(f"{r[k]:11.2f}" if k in r else f"{'-':>11s}")
+            if k in r:
+                per_key[k].append(r[k])
+        if "numpy/torch" in r:
+            per_mode.setdefault(row["mode"], []).append(r["numpy/torch"])
+        lines.append(f"{row['layer'][:58]:58s} {row['mode']:9s} "
+                     f"{t * 1e3 if t else float('nan'):8.2f} "
+                     f"{tn * 1e3 if tn else float('nan'):8.2f} " + " ".join(cells))
+    lines.append(f"{'geometric mean':58s} {'':9s} {'':8s} {'':8s} "
+                 + " ".join(f"{geomean(per_key[k]):11.2f}" for k in keys))
+    for mode, values in per_mode.items():
+        lines.append(f"{'numpy/torch geometric mean, ' + mode:58s} {'':9s} {'':8s} {'':8s} "
+                     + " " * 12 * (len(keys) - 1) + f"{geomean(values):11.2f}"
+                     + f"   (worst {max(values):.2f})")
+    lines.append("ratios: polyconv's median time over the peer's in the same run "
+                 "(below 1: polyconv is faster)")
+    return "\n".join(lines)
+
+
+def format_markdown(results: dict[str, Any]) -> str:
+    """The run as a Markdown table: polyconv-jax's median time and its ratio to each peer."""
+    keys = _keys(results)
+    m = results["machine"]
+    lines = [f"Machine: {m['platform']}, {m['cpus']} CPUs ({m.get('processor', '')}), Python "
+             f"{m['python']}" + "".join(f", {k} {m[k]}" for k in ("jax", "torch") if k in m)
+             + ("" if "avx512" not in m else
+                f", {'with' if m['avx512'] else 'without'} AVX-512")
+             + "".join(f", {label} {m[k]}" for k, label in (
+                 ("blas_kernels", "numpy's BLAS kernels"),
+                 ("openblas_coretype", "OPENBLAS_CORETYPE"), ("gpu", "GPU"),
+                 ("batch_scale", "batch x")) if k in m)
+             + ".", "",
+             "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
+             + " | ".join(keys) + " |",
+             "|---|---|---|---|---|" + "---|" * len(keys)]
+    per_key: dict[str, list[float]] = {k: [] for k in keys}
+    for row in results["layers"]:
+        r = ratios(row)
+        for k in r:
+            per_key.setdefault(k, []).append(r[k])
+        t = row["median_s"].get("polyconv-jax")
+        tn = row["median_s"].get("polyconv-numpy")
+        cells = [f"{r[k]:.2f}" if k in r else "-" for k in keys]
+        lines.append(f"| {row['layer']} | {row['mode']} | "
+                     + (f"{t * 1e3:.2f} ms" if t else "-")
+                     + f" | {row.get('lowering', '')} | "
+                     + (f"{tn * 1e3:.2f} ms" if tn else "-") + " | " + " | ".join(cells) + " |")
+    lines.append("| **geometric mean** | | | | | "
+                 + " | ".join(f"**{geomean(per_key[k]):.2f}**" for k in keys) + " |")
+    lines += ["", "Ratios: polyconv's median time over the peer's, same run (below 1: polyconv "
+              "is faster). *own ops*: polyconv's two backward ops for the layer, the cost the "
+              "gradient should match. *lowering*: what the JAX backend measured and chose, per "
+              "primitive (F forward, D backward_data, W backward_weights)."]
+    return "\n".join(lines) + "\n"
+
+
+def format_gpu_markdown(record: dict[str, Any]) -> str:
+    """A GPU record (``docs/benchmarks-gpu.json``: several corpus runs) as Markdown, one
+    table per run under its title."""
+    parts = [record.get("note", ""), ""]
+    for run in record["runs"]:
+        parts += [f"**{run['title']}**", "", format_markdown(run)]
+    return "\n".join(parts)
