@@ -406,6 +406,29 @@ def test_bench_corpus_smoke(tmp_path, capsys):
         assert layer.plan.shape and layer.source and layer.flops > 0
 
 
+def test_bench_corpus_on_gpu_reports_what_could_not_run(tmp_path):
+    # `--device gpu` runs JAX on its default device and the CUDA peers; on a machine without
+    # CUDA the PyTorch and CuPy peers are skipped with their reason, not silently dropped
+    pytest.importorskip("jax")
+    from polyconv.benchmarks import suite
+
+    out = tmp_path / "gpu.json"
+    assert suite.main(["--corpus", "--device", "gpu", "--batch-scale", "2", "--layers",
+                       "DCGAN G: ConvT 64->3", "--modes", "forward", "--repeats", "1",
+                       "--warmup", "0", "--competitors", "polyconv-jax,lax,torch,polyconv-cupy",
+                       "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    (row,) = results["layers"]
+    assert set(row["median_s"]) | set(row["skipped"]) == {"polyconv-jax", "lax", "torch",
+                                                          "polyconv-cupy"}
+    assert results["machine"]["batch_scale"] == 2 and "jax_device" in results["machine"]
+    # the batch doubled: 32 images of 32x32 inputs, 64 -> 3 channels, 16 taps each
+    assert row["gflop"] == pytest.approx(2 * (16 * 2) * 32 * 32 * 64 * 3 * 16 / 1e9)
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        assert "torch" in row["skipped"]
+
+
 def test_corpus_ratios_take_pytorchs_best_full_precision_configuration():
     # on CUDA PyTorch runs in two memory formats (the faster is the peer) and with TF32,
     # which is reported apart: it is not the same arithmetic
