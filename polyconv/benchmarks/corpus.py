@@ -256,17 +256,22 @@ def _torch(layer: Layer, mode: str, arrays, device: str = "cpu", memory: str = "
     else:
         call = partial(torch.ops.aten.convolution_backward, gt, xt, wt, None, p.strides, pad,
                        p.dilations, transposed, opad, p.groups, (True, True, False))
-    if device == "cpu":
-        return call
+    return call if device == "cpu" else on_cuda(call, tf32)
 
-    def on_cuda():
+
+def on_cuda(call: Callable[[], Any], tf32: bool = False) -> Callable[[], Any]:
+    """``call`` with cuDNN's benchmark mode on (its fastest algorithm per shape) and TF32 as
+    asked, timed until the GPU is done."""
+    import torch
+
+    def timed():
         with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
                                         allow_tf32=tf32):
             out = call()
         torch.cuda.synchronize()
         return out
 
-    return on_cuda
+    return timed
 
 
 def _lax(layer: Layer, mode: str, arrays):

@@ -25,7 +25,7 @@ import numpy as np
 
 import polyconv
 
-from .corpus import Competitor, Layer, _backward_ops, _lax, _polyconv_jax, _torch
+from .corpus import Competitor, Layer, _backward_ops, _lax, _polyconv_jax, _torch, on_cuda
 from .suite import torch_tensor
 
 
@@ -45,13 +45,7 @@ def _polyconv_torch(layer: Layer, mode: str, arrays):
         def call():
             return torch.autograd.grad(op(x, w), (x, w), g)
 
-    def timed():
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
-                                        allow_tf32=False):
-            out = call()
-        torch.cuda.synchronize()
-        return out
-    return timed
+    return on_cuda(call)
 
 
 def _polyconv_cupy(layer: Layer, mode: str, arrays):
