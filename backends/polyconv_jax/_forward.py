@@ -132,7 +132,7 @@ def patches_abort_xla_gpu(plan: ConvPlan) -> bool:
     into its Triton matrix product, and its tiling pass fails a check
     (``triton_tiling_propagation.cc``: "src_fragment_it != src_fragments_order.end()"; seen
     on 3 of 10 such plans of the test grid, with padding). Such plans never get the im2col
-    lowerings on GPU unless forced."""
+    lowerings on GPU, not even when forced."""
     return math.prod(plan.kernel) == 1 and any(s > 1 for s in plan.strides)
 
 

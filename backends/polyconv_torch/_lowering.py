@@ -30,8 +30,8 @@ result is a contiguous tensor in the user's layout.
 Numerics: float32/float64 accumulate in their own dtype (no TF32 on CUDA unless the caller
 asks through ``precision``, see :func:`_fp32_precision`). float16/bfloat16 run natively where
 the engine accumulates in float32 and adds the bias before its one rounding (oneDNN on CPUs
-with native 16-bit support; cuDNN's forward and data gradient without bias); elsewhere the
-inputs are cast to float32, computed there and rounded once (:func:`_upcast`).
+with native 16-bit support; cuDNN without bias, grouped weight gradients excepted); elsewhere
+the inputs are cast to float32, computed there and rounded once (:func:`_upcast`).
 """
 
 from __future__ import annotations
@@ -149,23 +149,25 @@ ONEDNN_16BIT = _onednn_16bit()
 
 
 def _native_16bit(device_type: str, dtype: torch.dtype, bias: bool,
-                  weights: bool = False) -> bool:
+                  grouped_weights: bool = False) -> bool:
     """Whether torch's own 16-bit convolution accumulates in float32 and rounds once.
 
     CPU: oneDNN does (bias inside the accumulator) where the CPU has native support for the
     dtype, and torch then always takes oneDNN; elsewhere torch's fallback may round partial
-    sums. CUDA: cuDNN's forward and data-gradient convolutions accumulate in float32, but
-    torch adds the bias afterwards, in 16 bits; and its weight gradients (``weights``) may
-    round partial sums of the reduction over batch and positions to 16 bits (seen on
-    depthwise plans, cuDNN 9.19 on an H100: errors 2-6x the one-rounding bound).
+    sums. CUDA: cuDNN's convolutions accumulate in float32, but torch adds the bias
+    afterwards, in 16 bits; and its grouped weight gradients (``grouped_weights``) may round
+    partial sums of the reduction over batch and positions to 16 bits (seen on depthwise
+    plans, cuDNN 9.19 on an H100: errors 2-6x the one-rounding bound; the ungrouped ones of
+    the same test grid were within it).
     """
     if device_type == "cpu":
         return ONEDNN_16BIT[dtype]
-    return device_type == "cuda" and not bias and not weights
+    return device_type == "cuda" and not bias and not grouped_weights
 
 
-def _upcast(dtype: torch.dtype, device: torch.device, bias: bool, weights: bool) -> bool:
-    return dtype in _HALF and not _native_16bit(device.type, dtype, bias, weights)
+def _upcast(dtype: torch.dtype, device: torch.device, bias: bool,
+            grouped_weights: bool) -> bool:
+    return dtype in _HALF and not _native_16bit(device.type, dtype, bias, grouped_weights)
 
 
 def _level(precision: Any) -> str:
@@ -263,7 +265,7 @@ def _cast(plan: ConvPlan, *tensors: Any, bias: bool,
     """The tensors in float32 where 16-bit inputs must be computed there (``weights``: for a
     weight gradient), else ``None``."""
     x = tensors[0]
-    if not _upcast(x.dtype, x.device, bias, weights):
+    if not _upcast(x.dtype, x.device, bias, weights and plan.groups > 1):
         return None
     return tuple(None if t is None else t.float() for t in tensors)
 
