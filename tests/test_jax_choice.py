@@ -265,4 +265,7 @@ def test_no_candidate_that_xla_gpu_may_abort_compiling():
         assert "patches_matmul" in _choice.candidates(primitive, plan, "cpu")
         on_gpu = _choice.candidates(primitive, plan, "gpu")
         assert "patches_matmul" not in on_gpu and "direct" in on_gpu
+        # nor is it applicable there, which a forced lowering needs too
+        assert not _choice.is_applicable(primitive, plan, "patches_matmul", "gpu")
+        assert _choice.is_applicable(primitive, plan, "patches_matmul", "cpu")
     assert "patches_matmul" in _choice.candidates("forward", _conv_plan((1, 1), 1), "gpu")

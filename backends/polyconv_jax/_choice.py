@@ -161,7 +161,14 @@ def settings() -> tuple:
 # the choice
 # --------------------------------------------------------------------------------------------
 
-def is_applicable(primitive: str, plan: ConvPlan, lowering: str) -> bool:
+def is_applicable(primitive: str, plan: ConvPlan, lowering: str,
+                  platform: str | None = None) -> bool:
+    """Whether ``lowering`` can compute ``plan`` on ``platform`` (default: JAX's): the
+    family's own rule, and no im2col where XLA GPU may abort compiling it
+    (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)."""
+    if lowering == "patches_matmul" and patches_abort_xla_gpu(plan) and (
+            (platform or jax.default_backend()) == "gpu"):
+        return False
     return _APPLICABLE[primitive](plan, lowering)
 
 
@@ -173,18 +180,17 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     lowering (seconds per call on decoder layers), so measuring it would cost more than any
     choice can save, and it cannot win; so is it where XLA CPU may abort compiling it
     (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`). On GPU the im2col
-    lowerings are left out where XLA GPU may abort compiling them
-    (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)."""
+    lowerings are not applicable where XLA GPU may abort compiling them
+    (:func:`is_applicable`)."""
     platform = platform or jax.default_backend()
-    out = [name for name in LOWERINGS[primitive] if is_applicable(primitive, plan, name)]
+    out = [name for name in LOWERINGS[primitive]
+           if is_applicable(primitive, plan, name, platform)]
     if primitive == "backward_data" and not subpixel_is_exact(plan):
         out = [name for name in out if not name.startswith("subpixel")]
     if platform == "cpu" and primitive == "backward_data" and (
             (plan.ndim >= 3 and any(s > 1 for s in plan.strides))
             or direct_aborts_xla_cpu(plan)):
         out = [name for name in out if name != "direct"]
-    if platform == "gpu" and patches_abort_xla_gpu(plan):
-        out = [name for name in out if name != "patches_matmul"]
     first = policy(primitive, plan, platform)
     return sorted(out, key=lambda name: name != first)
 
@@ -210,8 +216,7 @@ def gpu_policy(primitive: str, plan: ConvPlan) -> str:
     and one-tap strided plans (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)
     included, takes the plain lowering."""
     name = GPU_PREFERRED[primitive]
-    if (plan.groups != 1 or not is_applicable(primitive, plan, name)
-            or (name == "patches_matmul" and patches_abort_xla_gpu(plan))
+    if (plan.groups != 1 or not is_applicable(primitive, plan, name, "gpu")
             or (primitive == "backward_data" and all(s == 1 for s in plan.strides))
             or (primitive == "forward" and math.prod(plan.kernel) > GPU_PATCHES_MAX_TAPS)):
         return LOWERINGS[primitive][0]
@@ -233,9 +238,7 @@ def policy(primitive: str, plan: ConvPlan, platform: str | None = None) -> str:
 def choose(primitive: str, plan: ConvPlan, precision) -> str:
     """The lowering that computes ``primitive`` for ``plan`` (see the module docstring)."""
     forced = requested(primitive)
-    if forced is not None and is_applicable(primitive, plan, forced) and not (
-            forced == "patches_matmul" and jax.default_backend() == "gpu"
-            and patches_abort_xla_gpu(plan)):
+    if forced is not None and is_applicable(primitive, plan, forced):
         return forced
     names = candidates(primitive, plan)
     if len(names) == 1:
