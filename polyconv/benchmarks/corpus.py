@@ -198,17 +198,19 @@ def _polyconv_jax(layer: Layer, mode: str, arrays):
     return lambda: jax.block_until_ready(fn(x, w, g))
 
 
-def _polyconv_numpy(layer: Layer, mode: str, arrays):
+def polyconv_eager(layer: Layer, mode: str, arrays, backend: str | None = "numpy"):
+    """An eager backend's call on ``arrays`` (the forward op, else the two backward ops);
+    ``backend=None`` lets polyconv pick it from the arrays."""
     x, w, g = arrays
     if mode == "forward":
         op = getattr(polyconv, layer.op)
-        return lambda: op(x, w, backend="numpy", **layer.attrs)
+        return lambda: op(x, w, backend=backend, **layer.attrs)
     data_op, weights_op = _backward_ops(layer)
     extra = {"dst_shape": layer.src} if layer.op == "convolution" else {}
 
     def both():
-        return (data_op(g, w, backend="numpy", **extra, **layer.attrs),
-                weights_op(x, g, w.shape, backend="numpy", **layer.attrs))
+        return (data_op(g, w, backend=backend, **extra, **layer.attrs),
+                weights_op(x, g, w.shape, backend=backend, **layer.attrs))
 
     return both
 
@@ -336,7 +338,7 @@ COMPETITORS: tuple[Competitor, ...] = (
     Competitor("polyconv-jax backward ops", "jax", _polyconv_jax, mode="backward_ops"),
     Competitor("lax", "jax", _lax),
     Competitor("torch", "torch", _torch),
-    Competitor("polyconv-numpy", None, _polyconv_numpy),
+    Competitor("polyconv-numpy", None, polyconv_eager),
 )
 
 

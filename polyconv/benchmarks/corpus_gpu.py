@@ -25,7 +25,7 @@ import numpy as np
 
 import polyconv
 
-from .corpus import Competitor, Layer, _backward_ops, _lax, _polyconv_jax, _torch, on_cuda
+from .corpus import Competitor, Layer, _lax, _polyconv_jax, _torch, on_cuda, polyconv_eager
 from .suite import torch_tensor
 
 
@@ -53,25 +53,14 @@ def _polyconv_cupy(layer: Layer, mode: str, arrays):
 
     if layer.dtype not in ("float32", "float16", "float64"):
         raise TypeError(f"CuPy has no {layer.dtype}")
-    x, w, g = (cupy.asarray(a) for a in arrays)
+    call = polyconv_eager(layer, mode, [cupy.asarray(a) for a in arrays], backend=None)
     sync = cupy.cuda.Device().synchronize
-    if mode == "forward":
-        op = getattr(polyconv, layer.op)
 
-        def forward():
-            y = op(x, w, **layer.attrs)
-            sync()
-            return y
-        return forward
-    data_op, weights_op = _backward_ops(layer)
-    extra = {"dst_shape": layer.src} if layer.op == "convolution" else {}
-
-    def both():
-        out = (data_op(g, w, **extra, **layer.attrs),
-               weights_op(x, g, w.shape, **layer.attrs))
+    def timed():
+        out = call()
         sync()
         return out
-    return both
+    return timed
 
 
 GPU_COMPETITORS: tuple[Competitor, ...] = (
