@@ -478,6 +478,9 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
     ((19, 23), (3, 2), dict(strides=(2, 3), pads_begin=(2, 0), pads_end=(0, 2), dilations=(2, 1))),
     ((41,), (5,), dict(strides=3, pads_begin=4, pads_end=0)),
     ((6, 9, 11), (3, 3, 3), dict(strides=(1, 2, 2), pads_begin=(1, 0, 1), pads_end=(1, 1, 0))),
+    # a stride and a dilation on the last axis
+    ((9, 31), (2, 3), dict(strides=(1, 2), pads_begin=(0, 4), pads_end=(1, 2),
+                           dilations=(1, 3))),
 ])
 @pytest.mark.parametrize(("block_bytes", "tile_values"), [(1, 1024), (4096, 12), (1 << 18, 1024)])
 def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block_bytes,
