@@ -156,10 +156,11 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
     x, y = pad_large(plan, a.astype(acc)), b.astype(acc)
     taps = list(itertools.product(*(range(k) for k in plan.kernel)))
     # the rows, and which axes of them one reduction sums: channels-last data with two or
-    # more spatial axes as [N, Y.., X*G] summed over Y.. (per image and position of X: 1.4-3x
-    # faster in XLA CPU than [N*Y.., X, G] over N*Y.., 2-D and 3-D, measured on 2 CPUs; one
-    # spatial axis and channels-first data ran as fast or faster the other way), else
-    # [N*Y.., X, G] over N*Y.., or [N, G, Y.., X] over N and Y..; the rest is summed after
+    # more spatial axes as [N, Y.., X*G] summed over Y.. (per image and position of X: 2-4x
+    # faster in XLA CPU than [N*Y.., X, G] over N*Y.. on MobileNetV2's, ConvNeXt-T's and a
+    # 3-D depthwise layer, 2 CPUs; one spatial axis and channels-first data ran as fast or
+    # faster the other way), else [N, X, G] over N, or [N, G, Y.., X] over N and Y..; the
+    # rest is summed after
     front, last = math.prod(plan.b_spatial[:-1]), plan.b_spatial[-1]
     n, g = plan.batch, plan.groups
     if plan.channels_last:
