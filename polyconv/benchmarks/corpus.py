@@ -48,6 +48,7 @@ from .suite import (
     _rerun_with_threads,
     machine,
     select_competitors,
+    torch_dtype,
     torch_tensor,
 )
 
@@ -223,11 +224,9 @@ def _torch(layer: Layer, mode: str, arrays, device: str = "cpu", memory: str = "
     import torch
     import torch.nn.functional as F
 
-    if os.environ.get(_THREADS_ENV):
-        torch.set_num_threads(int(os.environ[_THREADS_ENV]))
     p = layer.plan
     d = p.ndim
-    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layer.dtype]
+    tdt = torch_dtype(layer)
     memfmt = ({2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
               if memory == "channels_last" else None)
 

@@ -26,13 +26,13 @@ import numpy as np
 import polyconv
 
 from .corpus import Competitor, Layer, _lax, _polyconv_jax, _torch, on_cuda, polyconv_eager
-from .suite import torch_tensor
+from .suite import torch_dtype, torch_tensor
 
 
 def _polyconv_torch(layer: Layer, mode: str, arrays):
     import torch
 
-    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layer.dtype]
+    tdt = torch_dtype(layer)
     x, w, g = (torch_tensor(np.asarray(a, np.float32), tdt).to("cuda") for a in arrays)
     op = partial(getattr(polyconv, layer.op), **layer.attrs)
     if mode == "forward":

@@ -113,8 +113,9 @@ def _polyconv_jax(case: Case, arrays):
     return lambda: fn(*xs, *case.extra).block_until_ready()
 
 
-def _torch_dtype(case: Case):
-    """The case's torch dtype; PyTorch's threads set as ``--threads`` asks (see main)."""
+def torch_dtype(case: Any):
+    """The torch dtype of a case or corpus layer (its ``dtype`` name); PyTorch's threads set
+    as ``--threads`` asks (see main)."""
     import torch
 
     if os.environ.get(_THREADS_ENV):
@@ -135,7 +136,7 @@ def torch_tensor(a: np.ndarray, dtype: Any):
 def _polyconv_array_api_torch(case: Case, arrays):
     """polyconv's generic array-API backend on PyTorch tensors (the user's NXC layout)."""
 
-    tdt = _torch_dtype(case)
+    tdt = torch_dtype(case)
     fn = getattr(polyconv, case.op)
     xs = [torch_tensor(a, tdt) for a in arrays]
     return lambda: fn(*xs, *case.extra, backend="array_api", **case.attrs)
@@ -150,7 +151,7 @@ def _polyconv_torch(case: Case, arrays):
     format, as the torch peer has it) and the weights in torch's own layout, as a PyTorch user
     passes them (``weights_format="IOX"`` for ConvTranspose, ``"OIX"`` for Convolution)."""
 
-    tdt = _torch_dtype(case)
+    tdt = torch_dtype(case)
     fn = getattr(polyconv, case.op)
     attrs = dict(case.attrs)
     arrays = list(arrays)
@@ -174,7 +175,7 @@ def _torch(case: Case, arrays):
     p = case.plan
     d = p.ndim
     memfmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
-    tdt = _torch_dtype(case)
+    tdt = torch_dtype(case)
 
     def data(x):
         t = torch_tensor(np.moveaxis(x, -1, 1), tdt)
