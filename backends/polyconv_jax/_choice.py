@@ -216,7 +216,9 @@ def gpu_policy(primitive: str, plan: ConvPlan) -> str:
     and one-tap strided plans (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)
     included, takes the plain lowering."""
     name = GPU_PREFERRED[primitive]
-    if (plan.groups != 1 or not is_applicable(primitive, plan, name, "gpu")
+    # not applicable: grouped plans (each preferred lowering is for ungrouped ones only) and
+    # the im2col that XLA GPU may abort compiling
+    if (not is_applicable(primitive, plan, name, "gpu")
             or (primitive == "backward_data" and all(s == 1 for s in plan.strides))
             or (primitive == "forward" and math.prod(plan.kernel) > GPU_PATCHES_MAX_TAPS)):
         return LOWERINGS[primitive][0]
