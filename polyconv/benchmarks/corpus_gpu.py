@@ -11,7 +11,8 @@ On the GPU every call is timed until its results are ready (``block_until_ready`
 - ``torch tf32``: the same with TF32 allowed, PyTorch's default for cuDNN convolutions (10
   mantissa bits in the products: faster, and not the same arithmetic);
 - ``polyconv-torch``: polyconv's PyTorch backend on CUDA tensors in the layer's own layout
-  (forward; the gradient through autograd), cuDNN's benchmark mode on as for ``torch``;
+  (forward; the gradient: the autograd backward pass alone, as ``torch`` times it), cuDNN's
+  benchmark mode on as for ``torch``;
 - ``polyconv-cupy``: polyconv's array-API backend on CuPy arrays (forward; the gradient row
   times the two backward ops).
 """
@@ -39,11 +40,15 @@ def _polyconv_torch(layer: Layer, mode: str, arrays):
         def call():
             return op(x, w)
     else:
+        # the backward pass alone, as for the peers (``torch``: ``convolution_backward``; JAX:
+        # the vjp, whose forward XLA drops as unused): the graph is built once, outside the
+        # timed call, and each call runs polyconv's autograd backward through it
         x.requires_grad_(True)
         w.requires_grad_(True)
+        y = op(x, w)
 
         def call():
-            return torch.autograd.grad(op(x, w), (x, w), g)
+            return torch.autograd.grad(y, (x, w), g, retain_graph=True)
 
     return on_cuda(call)
 
