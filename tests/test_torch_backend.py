@@ -144,6 +144,37 @@ def test_autograd_over_the_shared_grid(case):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+def test_differentiable_calls_skip_the_per_call_signature_binding(monkeypatch):
+    """Outside ``torch.func`` and ``torch.compile``, a differentiable call does not go through
+    ``Function.apply``'s ``inspect.signature`` binding (most of its Python cost on a small
+    layer), and its values and gradients are those of the backward ops."""
+    import inspect
+
+    from polyconv_torch._autograd import Primitive
+
+    signature = inspect.signature
+
+    def refuse(fn, *args, **kwargs):
+        if fn is Primitive.forward:
+            raise AssertionError("a differentiable call bound its arguments by signature")
+        return signature(fn, *args, **kwargs)
+
+    rng = np.random.default_rng(5)
+    x, w = _tensor(rng, (2, 6, 5, 3), grad=True), _tensor(rng, (3, 2, 3, 4), grad=True)
+    attrs = {"strides": (2, 1), "pads_begin": 1, "pads_end": (0, 1)}
+    monkeypatch.setattr(inspect, "signature", refuse)
+    y = polyconv.convolution(x, w, **attrs)
+    g = _tensor(rng, y.shape)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    monkeypatch.undo()
+    torch.testing.assert_close(y, polyconv.convolution(x.detach(), w.detach(), **attrs),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(gx, polyconv.convolution_backward_data(
+        g, w.detach(), x.shape, **attrs), rtol=0, atol=0)
+    torch.testing.assert_close(gw, polyconv.convolution_backward_weights(
+        x.detach(), g, w.shape, **attrs), rtol=0, atol=0)
+
+
 def test_torch_func_grad_and_vmap():
     """``torch.func.grad`` equals ``torch.autograd.grad``; ``torch.func.vmap`` over a batch of
     weights equals a loop, also through a gradient."""
