@@ -80,8 +80,8 @@ class Primitive(torch.autograd.Function):
         if (_TRANSFORMS_ACTIVE is None or _unwrap_dead is None or _TRANSFORMS_ACTIVE()
                 or torch.compiler.is_compiling()):
             return super().apply(*args)
-        # what Function.apply then does without transforms: dead functorch wrappers
-        # unwrapped, the C++ apply (the class above Function)
+        # what Function.apply does next without transforms (torch 2.4 to 2.13 alike): dead
+        # functorch wrappers unwrapped, then the C++ apply of the class above Function
         return super(torch.autograd.Function, cls).apply(*_unwrap_dead(args))
 
     @staticmethod
