@@ -288,7 +288,7 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
 
 def restore_type(result: Any, like: Any) -> Any:
     """Return ``result`` in the array library of ``like``, on its device (a forced backend)."""
-    if _library(result) == _library(like):
+    if type(result) is type(like) or _library(result) == _library(like):
         return result
     if _library(like) == "numpy":
         import numpy as np

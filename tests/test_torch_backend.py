@@ -272,6 +272,28 @@ def test_float32_is_full_precision_despite_a_reduced_global_setting():
         knob.fp32_precision = before
 
 
+def test_float32_calls_read_the_cpu_setting_without_the_knobs_getattr(monkeypatch):
+    """The common float32 CPU call reads oneDNN's precision setting through torch's C getter,
+    not the knob object's ``__getattr__`` (which answers only after a failed attribute lookup,
+    a few microseconds of every small call); the result is still full precision."""
+    knob_type = type(torch.backends.mkldnn.conv)
+    if _lowering._GETTER is None or not hasattr(knob_type, "__getattr__"):
+        pytest.skip("this torch has no C getter for oneDNN's float32 precision")
+    if torch.backends.mkldnn.conv.fp32_precision not in ("ieee", "none"):
+        pytest.skip("a reduced float32 precision is set process-wide")
+
+    def refuse(self, name):
+        raise AssertionError(f"the knob's __getattr__ was asked for {name!r}")
+
+    rng = np.random.default_rng(6)
+    x, w = _tensor(rng, (2, 9, 7, 5), torch.float32), _tensor(rng, (3, 2, 5, 4), torch.float32)
+    attrs = {"strides": (2, 1), "pads_begin": (1, 0), "pads_end": 1}
+    monkeypatch.setattr(knob_type, "__getattr__", refuse)
+    y = polyconv.convolution(x, w, **attrs)
+    monkeypatch.undo()
+    _bound_check(y, "convolution", (x, w), "float32", **attrs)
+
+
 def test_precision_levels():
     assert _lowering._level(None) == "HIGHEST"
     assert _lowering._level("tensorfloat32") == "HIGH"
