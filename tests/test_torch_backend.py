@@ -277,7 +277,8 @@ def test_float32_calls_read_the_cpu_setting_without_the_knobs_getattr(monkeypatc
     not the knob object's ``__getattr__`` (which answers only after a failed attribute lookup,
     a few microseconds of every small call); the result is still full precision."""
     knob_type = type(torch.backends.mkldnn.conv)
-    if _lowering._GETTER is None or not hasattr(knob_type, "__getattr__"):
+    if (getattr(torch._C, "_get_fp32_precision_getter", None) is None
+            or not hasattr(knob_type, "__getattr__")):
         pytest.skip("this torch has no C getter for oneDNN's float32 precision")
     if torch.backends.mkldnn.conv.fp32_precision not in ("ieee", "none"):
         pytest.skip("a reduced float32 precision is set process-wide")
@@ -292,6 +293,34 @@ def test_float32_calls_read_the_cpu_setting_without_the_knobs_getattr(monkeypatc
     y = polyconv.convolution(x, w, **attrs)
     monkeypatch.undo()
     _bound_check(y, "convolution", (x, w), "float32", **attrs)
+
+
+def test_float32_precision_settings_of_a_torch_before_2_9(monkeypatch):
+    """A torch before 2.9 has no ``fp32_precision`` knobs: cuDNN's TF32 is its
+    ``allow_tf32`` flag (set off inside a call, restored after) and oneDNN has no reduced
+    float32 setting, so CPU calls run as they are (they raised AttributeError before)."""
+    from types import SimpleNamespace
+
+    cudnn = SimpleNamespace(allow_tf32=True)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    monkeypatch.setattr(torch.backends, "mkldnn", SimpleNamespace())
+    assert _lowering._knob("mkldnn") is None
+    knob = _lowering._knob("cudnn")
+    assert knob.read() == "tf32"
+    monkeypatch.setitem(_lowering._KNOBS, "cuda", knob)
+    monkeypatch.setitem(_lowering._KNOBS, "cpu", None)
+    monkeypatch.setattr(_lowering, "_CPU_KNOB", None)
+    plan = polyconv.infer_shape("convolution", (1, 4, 4, 2), (3, 3, 2, 2)).with_(
+        dtype="float32")
+    with _lowering._fp32_precision(plan, torch.device("cuda")):
+        assert cudnn.allow_tf32 is False
+    assert cudnn.allow_tf32 is True
+    with _lowering._fp32_precision(plan.with_(precision="high"), torch.device("cuda")):
+        assert cudnn.allow_tf32 is True
+    rng = np.random.default_rng(7)
+    x, w = _tensor(rng, (2, 6, 5, 3), torch.float32), _tensor(rng, (3, 2, 3, 4), torch.float32)
+    y = polyconv.convolution(x, w, pads_begin=1, pads_end=1)
+    _bound_check(y, "convolution", (x, w), "float32", pads_begin=1, pads_end=1)
 
 
 def test_precision_levels():

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
@@ -182,20 +183,58 @@ def _level(precision: Any) -> str:
 
 
 _NO_CHANGE = contextlib.nullcontext()
-_CPU_KNOB = getattr(torch.backends.mkldnn, "conv", None)
-if not hasattr(_CPU_KNOB, "fp32_precision"):
-    _CPU_KNOB = None
-#: the CPU knob's setting, read on every float32 call: the knob object answers through
-#: ``__getattr__`` (after a failed attribute lookup), 2-5 us a read, so its C getter is called
-#: directly where torch has it
-_GETTER = getattr(torch._C, "_get_fp32_precision_getter", None)
-if _CPU_KNOB is None:
-    _cpu_fp32_precision = None
-elif _GETTER is not None:
-    _cpu_fp32_precision = partial(_GETTER, _CPU_KNOB.backend, _CPU_KNOB.op)
-else:  # pragma: no cover - a torch whose knob has no C getter
-    def _cpu_fp32_precision() -> str:
-        return _CPU_KNOB.fp32_precision
+
+
+class _Knob:
+    """A process-wide float32 precision setting for convolutions, as ``read()`` and
+    ``write(value)`` of torch's values (``"ieee"``, ``"tf32"``, ``"bf16"``, ``"none"``)."""
+
+    __slots__ = ("read", "write")
+
+    def __init__(self, read: Callable[[], str], write: Callable[[str], None]):
+        self.read, self.write = read, write
+
+
+def _knob(name: str) -> _Knob | None:
+    """``torch.backends.<name>.conv.fp32_precision`` (torch 2.9 on), through torch's C getter
+    and setter: the knob object answers through ``__getattr__``, after a failed attribute
+    lookup, 2-5 us a read on every float32 call. Before torch 2.9: cuDNN's ``allow_tf32``
+    flag, read as ``"tf32"`` or ``"ieee"``; oneDNN then had no reduced float32 setting."""
+    module = getattr(torch.backends, name)
+    knob = getattr(module, "conv", None)
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    setter = getattr(torch._C, "_set_fp32_precision_setter", None)
+    if hasattr(knob, "fp32_precision"):
+        if getter is not None and setter is not None and hasattr(knob, "backend"):
+            return _Knob(partial(getter, knob.backend, knob.op),
+                         partial(setter, knob.backend, knob.op))
+        return _Knob(lambda: knob.fp32_precision,  # pragma: no cover - no C getter
+                     lambda value: setattr(knob, "fp32_precision", value))
+    if name == "cudnn" and hasattr(module, "allow_tf32"):  # torch < 2.9
+        return _Knob(lambda: "tf32" if module.allow_tf32 else "ieee",
+                     lambda value: setattr(module, "allow_tf32", value == "tf32"))
+    return None  # torch < 2.9 on the CPU
+
+
+_KNOBS = {"cpu": _knob("mkldnn"), "cuda": _knob("cudnn")}
+_CPU_KNOB = _KNOBS["cpu"]
+
+
+class _Setting:
+    """The knob at ``value`` inside the block, restored after (a class: cheaper per call than
+    a generator-based context manager)."""
+
+    __slots__ = ("before", "knob", "value")
+
+    def __init__(self, knob: _Knob, value: str):
+        self.knob, self.value, self.before = knob, value, None
+
+    def __enter__(self) -> None:
+        self.before = self.knob.read()
+        self.knob.write(self.value)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.knob.write(self.before)
 
 
 def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.AbstractContextManager:
@@ -206,34 +245,20 @@ def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.Abstract
         # a compiled graph runs under the process-wide setting (torch.compile cannot trace
         # the change of a global flag; docs/backends.md says so)
         return _NO_CHANGE
-    if (plan.precision is None and device.type == "cpu" and _cpu_fp32_precision is not None
-            and _cpu_fp32_precision() in ("ieee", "none")):
-        return _NO_CHANGE  # the common case, decided in one attribute read
+    kind = device.type
+    if (plan.precision is None and kind == "cpu"
+            and (_CPU_KNOB is None or _CPU_KNOB.read() in ("ieee", "none"))):
+        return _NO_CHANGE  # the common case, decided in one read
     level = _level(plan.precision)
-    if level == "DEFAULT":
+    knob = _KNOBS.get(kind)
+    if level == "DEFAULT" or knob is None:
         return _NO_CHANGE
     want = "ieee" if level == "HIGHEST" else "tf32"
-    if device.type == "cuda":
-        knob = torch.backends.cudnn.conv
-    elif device.type == "cpu":
-        knob = torch.backends.mkldnn.conv
-        if want == "tf32" or knob.fp32_precision in ("ieee", "none"):
-            return _NO_CHANGE
-    else:
+    now = knob.read()
+    # oneDNN's float32 is IEEE unless reduced process-wide (no TF32 on a CPU to allow)
+    if now == want or (kind == "cpu" and (want == "tf32" or now in ("ieee", "none"))):
         return _NO_CHANGE
-    if knob.fp32_precision == want:
-        return _NO_CHANGE
-    return _setting(knob, want)
-
-
-@contextlib.contextmanager
-def _setting(knob: Any, value: str):
-    before = knob.fp32_precision
-    knob.fp32_precision = value
-    try:
-        yield
-    finally:
-        knob.fp32_precision = before
+    return _Setting(knob, want)
 
 
 # --------------------------------------------------------------------------------------------
