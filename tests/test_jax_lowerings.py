@@ -71,6 +71,8 @@ _BD_VARIANTS = (
     ("conv_transpose", (3, 3, 3),
      {"strides": 3, "pads_begin": 1, "pads_end": (2, 1, 0), "dst": True}, 1),
     ("conv_transpose", (3, 1, 2), {"strides": (1, 3, 1), "pads_begin": (1, 0, 0)}, "dw2"),
+    # padding at the start only, the first tap's window all padding on the first axis
+    ("conv_transpose", (3, 2, 3), {"dilations": (3, 1, 2), "pads_begin": (4, 0, 3)}, "dw"),
     ("conv_transpose", (3, 2, 3), {"dilations": 2, "pads_begin": 1}, 2),   # no stride
     ("convolution_backward_data", (3, 3, 2),
      {"strides": 2, "pads_begin": (1, 0, 1), "pads_end": (0, 1, 1), "dst": True}, 2),
@@ -197,11 +199,19 @@ def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
             features.add("asymmetric pads")
         features.add("depthwise" if plan.b_channels == plan.groups > 1 else
                      "groups" if plan.groups > 1 else "no groups")
+        if primitive != "backward_data":    # the windows of a (_forward.windows)
+            in_place = not _forward.reads_past_end(plan)
+            features.add("windows in place" if in_place else "padded copy")
+            if in_place and any(-(-pb // s) >= bs for pb, s, bs in zip(
+                    plan.pads_begin, plan.strides, plan.b_spatial)):   # the first tap's
+                features.add("a window of padding only")
     common = {"rank1", "rank2", "rank3", "NXC", "NCX", "XIO", "OIX", "IOX", "XOI", "s1", "s2",
               "s3", "mixed strides", "k < s", "output_padding", "dst_shape",
               "asymmetric pads", "conv_transpose", "convolution_backward_data",
               "d, s not coprime", "depthwise", "groups", "auto_pad=same_upper",
               "auto_pad=same_lower", "auto_pad=valid", "auto_pad=None"}
+    if primitive != "backward_data":
+        common |= {"windows in place", "padded copy", "a window of padding only"}
     for lowering, features in seen.items():
         ungrouped_only = lowering in ("matmul_overlap_add", "patches_matmul")
         needed = common - ({"depthwise", "groups"} if ungrouped_only else set())

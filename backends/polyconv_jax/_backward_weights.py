@@ -19,7 +19,7 @@ from ._forward import (
     pad_large,
     patches,
     patches_fit,
-    tap_window,
+    windows,
 )
 from ._subpixel import _phases
 from ._xla import _conv_general, _data_spec, _dnums, _merge
@@ -153,7 +153,7 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
     del precision
     ca_g = plan.a_channels // plan.groups
     acc = plan.acc_dtype
-    x, y = pad_large(plan, a.astype(acc)), b.astype(acc)
+    window_of, y = windows(plan, a.astype(acc)), b.astype(acc)
     taps = list(itertools.product(*(range(k) for k in plan.kernel)))
     # the rows, and which axes of them one reduction sums: channels-last data with two or
     # more spatial axes as [N, Y.., X*G] summed over Y.. (per image and position of X: 2-4x
@@ -169,7 +169,7 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
         rows, summed = (n, g, front, last), (0, 2)
     else:
         rows, summed = (n, g, last), (0,)
-    products = tuple(_merge(group_channels(plan, tap_window(plan, x, k), i, ca_g, 1) * y, rows)
+    products = tuple(_merge(group_channels(plan, window_of(k), i, ca_g, 1) * y, rows)
                      for k in taps for i in range(ca_g))
     sums = lax.reduce(products, (jnp.zeros((), acc),) * len(products),
                       lambda s, t: tuple(u + v for u, v in zip(s, t)), summed)
