@@ -8,6 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -65,8 +66,10 @@ def windows(plan: ConvPlan, a) -> Callable[[tuple[int, ...]], Any]:
     of its own over the whole tensor. MobileNetV2's strided 3x3 depthwise forward (8x112x112,
     96 channels, 2 CPUs): 2.1-2.9 ms against 5.7-7. Zeros padded at the end inside the loop
     ran 2-4x slower than the copy (3x3 and 7x7 kernels, strides 1 and 2), so that case keeps
-    the copy."""
-    if reads_past_end(plan):
+    the copy. Measured on CPU only: other platforms keep the copy, and their programs stay the
+    ones measured there (the platform is ``jax.default_backend()``'s when the call is traced,
+    as for the lowering choice)."""
+    if reads_past_end(plan) or jax.default_backend() != "cpu":
         x = pad_large(plan, a)
         return partial(tap_window, plan, x)
     return partial(_window_in_place, plan, a)
