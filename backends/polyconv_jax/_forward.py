@@ -64,7 +64,7 @@ def windows(plan: ConvPlan, a) -> Callable[[tuple[int, ...]], Any]:
     only, or none), each window is a strided slice of ``a`` itself with its leading zeros
     padded on, which XLA CPU computes inside the loop that reads it; the padded copy is a pass
     of its own over the whole tensor. MobileNetV2's strided 3x3 depthwise forward (8x112x112,
-    96 channels, 2 CPUs): 2.1-2.9 ms against 5.7-7. Zeros padded at the end inside the loop
+    96 channels, 2 CPUs): 2.1-2.4 ms against 5.4-6.1. Zeros padded at the end inside the loop
     ran 2-4x slower than the copy (3x3 and 7x7 kernels, strides 1 and 2), so that case keeps
     the copy. Measured on CPU only: other platforms keep the copy, and their programs stay the
     ones measured there (the platform is ``jax.default_backend()``'s when the call is traced,
