@@ -309,7 +309,6 @@ def test_float32_precision_settings_of_a_torch_before_2_9(monkeypatch):
     assert knob.read() == "tf32"
     monkeypatch.setitem(_lowering._KNOBS, "cuda", knob)
     monkeypatch.setitem(_lowering._KNOBS, "cpu", None)
-    monkeypatch.setattr(_lowering, "_CPU_KNOB", None)
     plan = polyconv.infer_shape("convolution", (1, 4, 4, 2), (3, 3, 2, 2)).with_(
         dtype="float32")
     with _lowering._fp32_precision(plan, torch.device("cuda")):

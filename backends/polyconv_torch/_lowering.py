@@ -217,7 +217,6 @@ def _knob(name: str) -> _Knob | None:
 
 
 _KNOBS = {"cpu": _knob("mkldnn"), "cuda": _knob("cudnn")}
-_CPU_KNOB = _KNOBS["cpu"]
 
 
 class _Setting:
@@ -245,18 +244,17 @@ def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.Abstract
         # a compiled graph runs under the process-wide setting (torch.compile cannot trace
         # the change of a global flag; docs/backends.md says so)
         return _NO_CHANGE
-    kind = device.type
-    if (plan.precision is None and kind == "cpu"
-            and (_CPU_KNOB is None or _CPU_KNOB.read() in ("ieee", "none"))):
-        return _NO_CHANGE  # the common case, decided in one read
-    level = _level(plan.precision)
-    knob = _KNOBS.get(kind)
-    if level == "DEFAULT" or knob is None:
+    cpu = device.type == "cpu"
+    knob = _KNOBS.get(device.type)
+    if knob is None:
         return _NO_CHANGE
+    now = knob.read()      # the one read of the common CPU call
+    # oneDNN's float32 is IEEE unless reduced process-wide (and there is no TF32 to allow)
+    if cpu and now in ("ieee", "none"):
+        return _NO_CHANGE
+    level = _level(plan.precision)
     want = "ieee" if level == "HIGHEST" else "tf32"
-    now = knob.read()
-    # oneDNN's float32 is IEEE unless reduced process-wide (no TF32 on a CPU to allow)
-    if now == want or (kind == "cpu" and (want == "tf32" or now in ("ieee", "none"))):
+    if level == "DEFAULT" or now == want or (cpu and want == "tf32"):
         return _NO_CHANGE
     return _Setting(knob, want)
 
