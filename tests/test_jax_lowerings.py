@@ -520,6 +520,29 @@ def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fm
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
+@pytest.mark.parametrize("lowering", FORWARD_LOWERINGS)
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_forward_lowering_low_precision(lowering, fmt, dtype):
+    """float32 accumulation and one rounding at the end in every forward lowering, 16-bit
+    data in both layouts (docs/numerics.md#accumulation); a stride and uneven pads on the
+    second axis (the folded lowering's merged one)."""
+    from oracle import random_array
+
+    rng = np.random.default_rng(24)
+    groups = 1 if lowering == "patches_matmul" else 2
+    attrs = {"strides": (1, 2), "pads_begin": (1, 0), "pads_end": (1, 2), "groups": groups,
+             "data_format": fmt, "weights_format": "OIX"}
+    x = random_array(rng, (2, 7, 9, 4) if fmt == "NXC" else (2, 4, 7, 9), dtype)
+    w = random_array(rng, (6, 4 // groups, 3, 3), dtype)
+    bias = random_array(rng, (6,), dtype)
+    with polyconv_jax.force_lowering(forward=lowering):
+        y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), jnp.asarray(bias), **attrs)
+    assert y.dtype == np.dtype(x.dtype)
+    ref = reference("convolution", x, w, bias, **attrs)
+    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
                          _bw_params())
 def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,

@@ -21,9 +21,12 @@ from ._forward import (
     GROUPED_MAX_GROUPS,
     channel_vector,
     few_per_group,
+    fold_first_axis,
+    folded_conv,
     group_channels,
     sum_by_first_tap,
     taps_first,
+    unfold,
 )
 from ._subpixel import (
     _by_phase,
@@ -142,24 +145,15 @@ def _folded(plan: ConvPlan, precision, b, w):
     ones), no product is wasted on zero taps, and only one axis's taps are materialised.
     """
     axes = _phases(plan)
-    nd, g = plan.ndim, plan.groups
+    nd = plan.ndim
     first, rest = axes[0], axes[1:]
-    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
-    sa = plan.spatial_axes
     config = [(0, 0, 0)] * b.ndim
-    for ax, p in zip(sa, axes):
+    for ax, p in zip(plan.spatial_axes, axes):
         config[ax] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
     x = lax.pad(b, jnp.zeros((), b.dtype), config)             # user layout, padded
-    c = plan.channel_axis
-    x = x.reshape((*x.shape[:c], g, cb_g, *x.shape[c + 1:]))    # channels split (G, Cb/G)
-    folded = nd > 1
-    b1 = x.shape[sa[1] + (c < sa[1])] if folded else 1
-    # the convolution's operands: rank nd+1 (nd-1 spatial axes; 1 in 1-D, of window 1)
-    cn = max(nd - 1, 1)
-    data = (0, cn + 1, *range(1, cn + 1)) if plan.channels_last else (0, 1, *range(2, cn + 2))
-    dnums = _dnums(data, (1, 0, *range(2, cn + 2)), data)      # kernel [in, out, window..]
+    g = plan.groups
     wc = jnp.transpose(w, plan.weights_perm)                     # [Cb, Ca/G, K..]
-    wc = wc.reshape((g, cb_g, ca_g, *plan.kernel))
+    wc = wc.reshape((g, plan.b_channels // g, plan.a_channels // g, *plan.kernel))
     phase_shape = _phase_shape(plan, axes)
     parts = {}
     for r0 in range(first.stride):
@@ -168,14 +162,8 @@ def _folded(plan: ConvPlan, precision, b, w):
             for rr in itertools.product(*(range(p.stride) for p in rest)):
                 parts[(r0, *rr)] = jnp.zeros(phase_shape, plan.acc_dtype)
             continue
-        ax0 = sa[0] + (c < sa[0])                                # after the channel split
         top = first.max_shift
-        windows = [lax.slice_in_dim(x, top - m, top - m + first.rows, axis=ax0)
-                   for _, m in taps0]
-        xd = jnp.stack(windows, axis=c + 1)                      # channels [G, T0, Cb/G]
-        xd = _merge(xd, (*xd.shape[:c], g * len(taps0) * cb_g, *xd.shape[c + 3:]))
-        if folded:                                               # merge R0 and B1'
-            xd = xd.reshape((*xd.shape[:sa[0]], first.rows * b1, *xd.shape[sa[0] + 2:]))
+        xd = fold_first_axis(plan, x, [top - m for _, m in taps0], first.rows, 1)
         k0 = _first_axis_kernel(wc, [k for k, _ in taps0])
         for rr in itertools.product(*(range(p.stride) for p in rest)):
             taps = [p.taps[ri] for p, ri in zip(rest, rr)]
@@ -186,19 +174,9 @@ def _folded(plan: ConvPlan, precision, b, w):
             for i, (p, t) in enumerate(zip(rest, taps)):
                 sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.tap_step, 2 + i)
             sub = lax.rev(sub, tuple(range(2, 1 + nd)))          # a correlation
-            padding = _folded_padding(rest, rr, taps)
-            if not folded:
-                sub = sub[..., None]
-                padding = [(0, 0)]
-            z = _conv_general(
-                xd, sub, window_strides=(1,) * cn, padding=padding,
-                rhs_dilation=tuple(p.shift_step for p in rest) or (1,), dimension_numbers=dnums,
-                feature_group_count=g, precision=precision,
-                preferred_element_type=plan.acc_dtype)
-            if folded:                                           # split, crop to rows
-                z = z.reshape((*z.shape[:sa[0]], first.rows, b1, *z.shape[sa[0] + 1:]))
-                z = lax.slice_in_dim(z, 0, rest[0].rows, axis=sa[0] + 1)
-            parts[(r0, *rr)] = z
+            z = folded_conv(plan, precision, xd, sub, _folded_padding(rest, rr, taps),
+                            (1,) * (nd - 1), tuple(p.shift_step for p in rest))
+            parts[(r0, *rr)] = unfold(plan, z, first.rows, rest[0].rows if rest else 0)
     return _interleave(plan, axes, parts)
 
 
