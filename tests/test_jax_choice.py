@@ -269,3 +269,15 @@ def test_no_candidate_that_xla_gpu_may_abort_compiling():
         assert not _choice.is_applicable(primitive, plan, "patches_matmul", "gpu")
         assert _choice.is_applicable(primitive, plan, "patches_matmul", "cpu")
     assert "patches_matmul" in _choice.candidates("forward", _conv_plan((1, 1), 1), "gpu")
+
+
+def test_folded_is_measured_for_ungrouped_plans_only_on_cpu():
+    """The folded lowerings' grouped convolutions are XLA CPU's grouped slow path (seconds
+    for a depthwise weight gradient), so grouped plans do not measure them there; ungrouped
+    ones do, and a forced one still computes a grouped plan (the lowering grid)."""
+    for primitive in ("forward", "backward_weights"):
+        assert "folded" in _choice.candidates(primitive, _conv_plan((3, 3), 1), "cpu")
+        grouped = _conv_plan((3, 3), 1, groups=4)
+        assert "folded" not in _choice.candidates(primitive, grouped, "cpu")
+        assert _choice.is_applicable(primitive, grouped, "folded", "cpu")
+        assert "folded" in _choice.candidates(primitive, grouped, "gpu")

@@ -16,6 +16,7 @@ from ._forward import (
     GROUPED_MAX_GROUPS,
     few_per_group,
     folded_operand,
+    folded_spec,
     group_channels,
     pad_large,
     patches,
@@ -218,10 +219,11 @@ def _weights_folded(plan: ConvPlan, precision, a, b):
     user's layout.
 
     XLA CPU (jaxlib 0.10.2) runs the 1-D weight gradient of a 2-D problem well: on 2 CPUs
-    ResNet-50's 3x3 64->64 (4x56x56) 12.5 ms against 21-29 for ``patches_matmul`` and
-    ``bands``, U-Net's 3x3 64->64 at 128x128 21 ms against 32, 16x28x28 128->128 51 against
-    117; a 3-D layer's 2-D one ran slower than ``direct`` (908 ms against 547 on 3x3x3 32->32
-    at 32x64x64), so the measured choice decides."""
+    ResNet-50's 3x3 64->64 (4x56x56) 14.5 ms against 20.6 for ``patches_matmul`` and 28 for
+    ``bands``, U-Net's 3x3 64->64 at 128x128 17.1 ms against 41.6 for ``direct``; a 3-D
+    layer's 2-D one ran slower (786 ms against 409 for ``bands`` on 3x3x3 32->32 at
+    32x64x64), and so did the k2 s2 up-convolutions (``patches_matmul`` 1.4-3.4x faster), so
+    the measured choice decides."""
     nd, g, sa = plan.ndim, plan.groups, plan.spatial_axes
     xd, width = folded_operand(plan, a)
     cn = max(nd - 1, 1)
@@ -238,7 +240,7 @@ def _weights_folded(plan: ConvPlan, precision, a, b):
         padding += [(pb, (y - 1) * s + ek - x - pb) for x, y, s, ek, pb in zip(
             plan.a_spatial[2:], plan.b_spatial[2:], plan.strides[2:],
             plan.effective_kernel[2:], plan.pads_begin[2:])]
-    data = (0, cn + 1, *range(1, cn + 1)) if plan.channels_last else (0, 1, *range(2, cn + 2))
+    data = folded_spec(plan)
     swapped = (data[1], data[0], *data[2:])                 # batch <-> feature
     y = _conv_general(
         xd, gm, window_strides=dilations, padding=padding, rhs_dilation=strides,

@@ -179,7 +179,10 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     backward_data is left out: it is XLA CPU's slow path, 100-400x the time of every other
     lowering (seconds per call on decoder layers), so measuring it would cost more than any
     choice can save, and it cannot win; so is it where XLA CPU may abort compiling it
-    (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`). On GPU the im2col
+    (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`). Nor are the ``folded``
+    lowerings of grouped plans on CPU: their convolutions are XLA CPU's grouped slow path,
+    like ``direct``'s (a depthwise weight gradient's took 2.5-5.6 s a call, against 8-33 ms
+    for ``depthwise``), so they cannot win either. On GPU the im2col
     lowerings are not applicable where XLA GPU may abort compiling them
     (:func:`is_applicable`)."""
     platform = platform or jax.default_backend()
@@ -191,6 +194,8 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
             (plan.ndim >= 3 and any(s > 1 for s in plan.strides))
             or direct_aborts_xla_cpu(plan)):
         out = [name for name in out if name != "direct"]
+    if platform == "cpu" and plan.groups > 1:
+        out = [name for name in out if name != "folded"]
     first = policy(primitive, plan, platform)
     return sorted(out, key=lambda name: name != first)
 

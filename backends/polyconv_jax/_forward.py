@@ -226,6 +226,13 @@ def fold_first_axis(plan: ConvPlan, x, starts, rows: int, step: int):
     return xd
 
 
+def folded_spec(plan: ConvPlan) -> tuple[int, ...]:
+    """(batch, feature, spatial..) axes of a folded operand: rank ``nd + 1`` (``nd - 1``
+    spatial axes; one, of window one, for a single spatial axis), in the user's layout."""
+    cn = max(plan.ndim - 1, 1)
+    return (0, cn + 1, *range(1, cn + 1)) if plan.channels_last else (0, 1, *range(2, cn + 2))
+
+
 def folded_conv(plan: ConvPlan, precision, xd, kernel, padding, strides, dilations):
     """The convolution of a folded operand (:func:`fold_first_axis`) with ``kernel``
     ``[in, out, window..]`` (in-features ``T0*C/G`` per group): of rank ``nd - 1`` over the
@@ -233,7 +240,7 @@ def folded_conv(plan: ConvPlan, precision, xd, kernel, padding, strides, dilatio
     cn = max(plan.ndim - 1, 1)
     if plan.ndim == 1:
         kernel, padding, strides, dilations = kernel[..., None], [(0, 0)], (1,), (1,)
-    data = (0, cn + 1, *range(1, cn + 1)) if plan.channels_last else (0, 1, *range(2, cn + 2))
+    data = folded_spec(plan)
     return _conv_general(
         xd, kernel, window_strides=strides, padding=padding, rhs_dilation=dilations,
         dimension_numbers=_dnums(data, (1, 0, *range(2, cn + 2)), data),

@@ -110,6 +110,8 @@ _UNET = "milesial/Pytorch-UNet unet_parts.py Up (bilinear=False), 256x256 input"
 _JAX3D = "jax-ml/jax issue #31662 (equinox ConvTranspose, 3-D, 64->1)"
 _NNUNET = "nnU-Net Generic_UNet 3-D transposed-conv upsampling (2x2x2, stride 2)"
 _MONAI = "MONAI networks/nets/unet.py UNet up layer (3-D, kernel 3, stride 2)"
+_NNUNET_CONV = ("nnU-Net Generic_UNet 3-D conv block (3x3x3, 32 features: the first stage), "
+                "a 32x64x64 crop of its patch")
 _RESNET = "torchvision resnet50 (Bottleneck 3x3 convolutions)"
 _MBV2 = "torchvision mobilenet_v2 (InvertedResidual depthwise 3x3)"
 _CONVNEXT = "facebookresearch/ConvNeXt models/convnext.py Block (ConvNeXt-T, 7x7 depthwise)"
@@ -151,6 +153,8 @@ LAYERS: tuple[Layer, ...] = (
           groups=96, source=_CONVNEXT),
     _conv("U-Net", "Conv 64->64 k3 s1 128x128 NCX", (1, 128, 128), 64, 64, 3, 1, 1,
           fmt="NCX", source=_UNET),
+    _conv("nnU-Net 3-D", "Conv3d 32->32 k3 s1 32x64x64 NCX", (1, 32, 64, 64), 32, 32, 3, 1, 1,
+          fmt="NCX", source=_NNUNET_CONV),
 )
 
 MODES = ("forward", "gradient")
