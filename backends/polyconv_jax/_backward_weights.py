@@ -21,6 +21,7 @@ from ._forward import (
     pad_large,
     patches,
     patches_fit,
+    read_pads,
     windows,
 )
 from ._subpixel import _phases
@@ -30,13 +31,9 @@ from ._xla import _conv_general, _data_spec, _dnums, _merge
 def _weights_direct(plan: ConvPlan, precision, a, b):
     data = _data_spec(plan)
     perm = plan.weights_perm
-    eks = plan.effective_kernel
     swapped = (data[1], data[0], *data[2:])  # batch <-> feature: N is contracted
-    padding = [(pb, (y - 1) * s + ek - x - pb)
-               for x, y, s, ek, pb in zip(plan.a_spatial, plan.b_spatial, plan.strides, eks,
-                                          plan.pads_begin)]
     w = _conv_general(
-        a, b, window_strides=plan.dilations, padding=padding, rhs_dilation=plan.strides,
+        a, b, window_strides=plan.dilations, padding=read_pads(plan), rhs_dilation=plan.strides,
         # output "batch" = Ca/G (the weights' in axis), "feature" = Cb: the user's layout
         dimension_numbers=_dnums(swapped, swapped, (perm[1], perm[0], *perm[2:])),
         batch_group_count=plan.groups, precision=precision,
@@ -237,9 +234,7 @@ def _weights_folded(plan: ConvPlan, precision, a, b):
         gm = gm.reshape((*gm.shape[:sa[0]], merged // s1, *gm.shape[sa[0] + 2:]))
         strides, dilations = plan.strides[1:], plan.dilations[1:]
         padding = [(0, (merged // s1 - 1) * s1 + plan.effective_kernel[1] - merged)]
-        padding += [(pb, (y - 1) * s + ek - x - pb) for x, y, s, ek, pb in zip(
-            plan.a_spatial[2:], plan.b_spatial[2:], plan.strides[2:],
-            plan.effective_kernel[2:], plan.pads_begin[2:])]
+        padding += read_pads(plan)[2:]
     data = folded_spec(plan)
     swapped = (data[1], data[0], *data[2:])                 # batch <-> feature
     y = _conv_general(

@@ -30,12 +30,19 @@ def _conv(plan: ConvPlan, precision, a, w):
         precision=precision, preferred_element_type=plan.acc_dtype)
 
 
+def read_pads(plan: ConvPlan) -> list[tuple[int, int]]:
+    """Per spatial axis, the zeros before and after ``a`` that make it the rows the taps read,
+    ``(B-1)*s + ek``: ``(pb, (B-1)*s + ek - A - pb)`` (the second negative where the last
+    rows of ``a`` are read by no tap)."""
+    return [(pb, (bs - 1) * s + ek - sz - pb) for sz, bs, s, ek, pb in zip(
+        plan.a_spatial, plan.b_spatial, plan.strides, plan.effective_kernel, plan.pads_begin)]
+
+
 def pad_large(plan: ConvPlan, a):
     """``a`` padded (or cropped) to the rows the taps read: ``(B-1)*s + ek`` per axis."""
     config = [(0, 0, 0)] * a.ndim
-    for ax, sz, bs, s, ek, pb in zip(plan.spatial_axes, plan.a_spatial, plan.b_spatial,
-                                     plan.strides, plan.effective_kernel, plan.pads_begin):
-        config[ax] = (pb, (bs - 1) * s + ek - sz - pb, 0)
+    for ax, pads in zip(plan.spatial_axes, read_pads(plan)):
+        config[ax] = (*pads, 0)
     return lax.pad(a, jnp.zeros((), a.dtype), config)
 
 
@@ -52,8 +59,7 @@ def tap_window(plan: ConvPlan, x, tap, axes=None):
 def reads_past_end(plan: ConvPlan) -> bool:
     """Whether the last window of some tap reaches past the end of ``a`` (into ``pads_end``
     on some axis): ``(B-1)*s + ek - pb > A``."""
-    return any((bs - 1) * s + ek - pb > sz for sz, bs, s, ek, pb in zip(
-        plan.a_spatial, plan.b_spatial, plan.strides, plan.effective_kernel, plan.pads_begin))
+    return any(after > 0 for _, after in read_pads(plan))
 
 
 def windows(plan: ConvPlan, a) -> Callable[[tuple[int, ...]], Any]:
@@ -266,9 +272,7 @@ def folded_operand(plan: ConvPlan, a):
     sa, nd = plan.spatial_axes, plan.ndim
     b0, s0, d0 = plan.b_spatial[0], plan.strides[0], plan.dilations[0]
     config = [(0, 0, 0)] * a.ndim
-    config[sa[0]] = (plan.pads_begin[0],
-                     (b0 - 1) * s0 + plan.effective_kernel[0] - plan.a_spatial[0]
-                     - plan.pads_begin[0], 0)
+    config[sa[0]] = (*read_pads(plan)[0], 0)
     width = 1
     if nd > 1:
         s1 = plan.strides[1]
