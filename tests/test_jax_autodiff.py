@@ -115,6 +115,39 @@ def test_gradients_take_no_slow_path(op):
     assert not _slow_paths(text), _slow_paths(text)
 
 
+def _backward_ops(op, fmt, rng):
+    """A forward op's gradient (``jax.vjp`` for an output cotangent) and its two backward ops
+    called by hand, as functions of (input, weights, cotangent), with those arrays."""
+    fns = _ops(rng, fmt)
+    fn, (u, v) = fns[op]
+    g = jnp.asarray(rng.uniform(-1, 1, fn(u, v).shape))
+    data_fn = fns[f"{op}_backward_data"][0]          # (cotangent, weights)
+    weights_fn = fns[f"{op}_backward_weights"][0]    # (input, cotangent)
+    return ((lambda u, v, g: jax.vjp(fn, u, v)[1](g)),
+            (lambda u, v, g: (data_fn(g, v), weights_fn(u, g))), (u, v, g))
+
+
+@pytest.mark.parametrize("lowerings", [{}, {"backward_data": "matmul_overlap_add",
+                                            "backward_weights": "patches_matmul"},
+                                       {"backward_data": "phases_folded",
+                                        "backward_weights": "folded"}],
+                         ids=["policy", "matmul", "folded"])
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
+def test_gradient_compiles_to_the_backward_ops_program(op, fmt, lowerings):
+    """The gradient of Convolution and ConvTranspose is, instruction for instruction, the
+    program of their two backward ops called by hand (the forward pass, unused, is dropped):
+    the gradient costs what the backward ops cost, by construction rather than by timing."""
+    from polyconv.benchmarks.jax_vs_lax import compiled_instructions
+
+    grad, ops, args = _backward_ops(op, fmt, np.random.default_rng(6))
+    with force_lowering(**lowerings):
+        mine = compiled_instructions(jax.jit(grad), args)
+        by_hand = compiled_instructions(jax.jit(ops), args)
+    assert any(" convolution(" in line or " dot(" in line for line in mine)
+    assert mine == by_hand
+
+
 def test_grad_and_jvp_under_vmap_and_jit():
     """Per-example gradients (vmap of grad) and jvp under jit agree with a loop."""
     fn, (s, wt) = _ops(np.random.default_rng(4), "NCX")["conv_transpose"]

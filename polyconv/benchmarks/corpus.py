@@ -41,6 +41,7 @@ import polyconv
 from polyconv._compare import numpy_dtype
 
 from .corpus_report import format_table
+from .jax_vs_lax import compiled_instructions
 from .suite import (
     _THREADS_ENV,
     _lead_in,
@@ -177,6 +178,34 @@ def _inputs(layer: Layer, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.nda
     return arrays[0], arrays[1], arrays[2]
 
 
+@dataclass(frozen=True)
+class Jitted:
+    """A jitted JAX call on fixed arguments: calling it runs (and waits for) one call."""
+
+    fn: Any
+    args: tuple
+
+    def __call__(self) -> Any:
+        import jax
+
+        return jax.block_until_ready(self.fn(*self.args))
+
+    def program(self) -> list[str]:
+        """What XLA compiled for it (:func:`~polyconv.benchmarks.jax_vs_lax.
+        compiled_instructions`)."""
+        return compiled_instructions(self.fn, self.args)
+
+
+def same_programs(fns: dict[str, Any]) -> list[list[str]]:
+    """The competitors that run one and the same compiled program (groups of two or more):
+    between them the ratio is 1 by construction, whatever their timings say."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, fn in fns.items():
+        if isinstance(fn, Jitted):
+            groups.setdefault(tuple(fn.program()), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def _backward_ops(layer: Layer):
     """polyconv's two backward ops of the layer's op: (data op, weights op)."""
     if layer.op == "conv_transpose":
@@ -191,8 +220,7 @@ def _polyconv_jax(layer: Layer, mode: str, arrays):
     x, w, g = (jnp.asarray(a) for a in arrays)
     op = partial(getattr(polyconv, layer.op), **layer.attrs)
     if mode == "forward":
-        fn = jax.jit(op)
-        return lambda: fn(x, w).block_until_ready()
+        return Jitted(jax.jit(op), (x, w))
     if mode == "gradient":
         fn = jax.jit(lambda x, w, g: jax.vjp(op, x, w)[1](g))
     else:  # the backward ops
@@ -200,7 +228,7 @@ def _polyconv_jax(layer: Layer, mode: str, arrays):
         extra = {"dst_shape": layer.src} if layer.op == "convolution" else {}
         fn = jax.jit(lambda x, w, g: (data_op(g, w, **extra, **layer.attrs),
                                       weights_op(x, g, w.shape, **layer.attrs)))
-    return lambda: jax.block_until_ready(fn(x, w, g))
+    return Jitted(fn, (x, w, g))
 
 
 def polyconv_eager(layer: Layer, mode: str, arrays, backend: str | None = "numpy"):
@@ -322,10 +350,8 @@ def _lax(layer: Layer, mode: str, arrays):
     dt = numpy_dtype(layer.dtype)
     xj, wj, gj = (jnp.asarray(np.ascontiguousarray(a).astype(dt)) for a in (x, wl, g))
     if mode == "forward":
-        fn = jax.jit(f)
-        return lambda: fn(xj, wj).block_until_ready()
-    fn = jax.jit(lambda x, w, g: jax.vjp(f, x, w)[1](g))
-    return lambda: jax.block_until_ready(fn(xj, wj, gj))
+        return Jitted(jax.jit(f), (xj, wj))
+    return Jitted(jax.jit(lambda x, w, g: jax.vjp(f, x, w)[1](g)), (xj, wj, gj))
 
 
 @dataclass(frozen=True)
@@ -385,7 +411,7 @@ def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
     return {"layer": layer.title, "model": layer.model, "source": layer.source,
             "mode": mode, "dtype": layer.dtype, "gflop": layer.flops / 1e9,
             "median_s": {n: statistics.median(ts) for n, ts in times.items()},
-            "skipped": skipped}
+            "same_program": same_programs(fns), "skipped": skipped}
 
 
 def _chosen(layer: Layer) -> tuple[str, dict[str, dict[str, float]]]:

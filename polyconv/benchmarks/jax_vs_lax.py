@@ -92,10 +92,14 @@ def _cases(jax, jnp, lax, polyconv, np) -> list[Case]:
     return cases
 
 
-def _conv_instructions(fn, args) -> list[str]:
-    """The convolution instructions XLA compiled, names and metadata stripped."""
+def compiled_instructions(fn, args, opcode: str | None = None) -> list[str]:
+    """The instructions XLA compiled for jitted ``fn`` on ``args`` (only those of ``opcode``,
+    e.g. ``"convolution"``, if given), sorted, with instruction names and metadata stripped:
+    two calls with equal lists run the same program, whatever their source looked like."""
     text = fn.lower(*args).compile().as_text()
-    lines = [line for line in text.splitlines() if " convolution(" in line]
+    lines = [line for line in text.splitlines()
+             if re.match(r"\s*(ROOT )?%\S+ = ", line)
+             and (opcode is None or f" {opcode}(" in line)]
     return sorted(re.sub(r"%[\w.\-]+", "%_", re.sub(r", metadata=\{.*?\}", "", line)).strip()
                   for line in lines)
 
@@ -140,8 +144,8 @@ def run(reps: int = 21, warmup: int = 3, only: list[str] | None = None) -> dict[
             t_lax.append(b)
             paired.append(a / b)
         med_mine, med_lax = statistics.median(t_mine), statistics.median(t_lax)
-        same = (_conv_instructions(case.polyconv_fn, case.polyconv_args)
-                == _conv_instructions(case.lax_fn, case.lax_args))
+        same = (compiled_instructions(case.polyconv_fn, case.polyconv_args, "convolution")
+                == compiled_instructions(case.lax_fn, case.lax_args, "convolution"))
         results.append({
             "case": case.name, "description": case.description, "same_convolution_hlo": same,
             "polyconv_median_s": med_mine, "lax_median_s": med_lax,
