@@ -560,11 +560,19 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     inputs = (large, small) if weights_op == "convolution_backward_weights" else (small, large)
     wplan = polyconv.infer_shape(weights_op, *(x.shape for x in inputs), w_shape, **attrs)
     _assert_same_geometry(plan, wplan, "backward_weights")
-    with polyconv_jax.force_lowering(backward_weights=lowering):
-        y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape, **attrs)
     ref = reference(weights_op, *inputs, weights_shape=w_shape, **attrs)
-    assert y.shape == ref.shape == w_shape
-    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+    # the im2col lowering gathers the grid's few channels channels-first from channels-last
+    # data; with the threshold at 0 it gathers them channel-minor, as for many channels
+    firsts = [_backward_weights.PATCHES_CHANNELS_FIRST_MAX]
+    if lowering == "patches_matmul" and fmt == "NXC":
+        firsts.append(0)
+    for first in firsts:
+        monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", first)
+        with polyconv_jax.force_lowering(backward_weights=lowering):
+            y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape,
+                                              **attrs)
+        assert y.shape == ref.shape == w_shape
+        assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
 @pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)

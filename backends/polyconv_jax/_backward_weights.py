@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -194,13 +195,29 @@ def _weights_grouped(plan: ConvPlan, precision, a, b):
     return jnp.concatenate(parts, axis=plan.weights_perm[0])
 
 
+#: channels of ``a`` up to which :func:`_weights_patches` gathers channels-first patches from
+#: channels-last data: XLA CPU copies channel-minor windows of a few values at a time slowly,
+#: whole rows fast (2 CPUs: ResNet-50's 7x7 stem, 3->64 on 4x224x224, 23 ms against 38;
+#: DCGAN's 64->3 layer, whose weight gradient gathers the 16x64x64x3 output gradient, 4.4
+#: against 5.9). The forward's patches gained nothing from it (20.9 ms against 19.9 on the
+#: stem, whose ``folded`` lowering takes 12.4).
+PATCHES_CHANNELS_FIRST_MAX = 8
+
+
 def _weights_patches(plan: ConvPlan, precision, a, b):
     """Gather, then multiply (im2col): the patches of ``a`` (see
     :func:`polyconv_jax._forward.patches`) contracted with ``b`` over batch and rows,
-    ``[T*Ca, Cb]``, then put in the user's weights layout."""
+    ``[T*Ca, Cb]``, then put in the user's weights layout.
+
+    On CPU, channels-last ``a`` with few channels is gathered channels-first
+    (:data:`PATCHES_CHANNELS_FIRST_MAX`; other platforms keep the programs measured there)."""
+    rows_b = tuple(i for i in range(plan.ndim + 2) if i != plan.channel_axis)
+    if (plan.channels_last and plan.a_channels <= PATCHES_CHANNELS_FIRST_MAX
+            and jax.default_backend() == "cpu"):
+        plan, a = plan.with_(channels_last=False), jnp.moveaxis(a, -1, 1)
     c = plan.channel_axis
     rows = tuple(i for i in range(plan.ndim + 2) if i != c)
-    y = lax.dot_general(patches(plan, a), b, ((rows, rows), ((), ())), precision=precision,
+    y = lax.dot_general(patches(plan, a), b, ((rows, rows_b), ((), ())), precision=precision,
                         preferred_element_type=plan.acc_dtype)      # [T*Ca, Cb]
     y = y.reshape((*plan.kernel, plan.a_channels, plan.b_channels))
     y = jnp.transpose(y, (plan.ndim + 1, plan.ndim, *range(plan.ndim)))  # [Cb, Ca, K..]

@@ -114,6 +114,7 @@ _MONAI = "MONAI networks/nets/unet.py UNet up layer (3-D, kernel 3, stride 2)"
 _NNUNET_CONV = ("nnU-Net Generic_UNet 3-D conv block (3x3x3, 32 features: the first stage), "
                 "a 32x64x64 crop of its patch")
 _RESNET = "torchvision resnet50 (Bottleneck 3x3 convolutions)"
+_RESNET_STEM = "torchvision resnet50 (conv1: 7x7, stride 2, on the RGB image)"
 _MBV2 = "torchvision mobilenet_v2 (InvertedResidual depthwise 3x3)"
 _CONVNEXT = "facebookresearch/ConvNeXt models/convnext.py Block (ConvNeXt-T, 7x7 depthwise)"
 
@@ -142,6 +143,8 @@ LAYERS: tuple[Layer, ...] = (
         source=_NNUNET),
     _ct("MONAI UNet", "ConvT3d 64->32 k3 s2 16^3", (1, 16, 16, 16), 64, 32, 3, 2, 1, op=1,
         source=_MONAI),
+    _conv("ResNet-50", "Conv 3->64 k7 s2 224x224 (stem)", (4, 224, 224), 3, 64, 7, 2, 3,
+          source=_RESNET_STEM),
     _conv("ResNet-50", "Conv 64->64 k3 s1 56x56", (4, 56, 56), 64, 64, 3, 1, 1,
           source=_RESNET),
     _conv("ResNet-50", "Conv 128->128 k3 s2 56x56", (4, 56, 56), 128, 128, 3, 2, 1,
