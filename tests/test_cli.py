@@ -385,7 +385,8 @@ def test_bench_corpus_smoke(tmp_path, capsys):
 
     out = tmp_path / "corpus.json"
     assert suite.main(["--corpus", "--layers", "DCGAN G: ConvT 64->3", "--repeats", "1",
-                       "--warmup", "0", "--competitors", "polyconv-jax,lax,polyconv-numpy",
+                       "--warmup", "0", "--competitors",
+                       "polyconv-jax,polyconv-jax backward ops,lax,polyconv-numpy",
                        "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     rows = results["layers"]
@@ -398,6 +399,11 @@ def test_bench_corpus_smoke(tmp_path, capsys):
             t = row["median_s"]
             assert corpus_report.ratios(row)["jax/lax"] == pytest.approx(
                 t["polyconv-jax"] / t["lax"])
+        if "polyconv-jax" in row["median_s"] and row["mode"] == "gradient":
+            # the gradient is its backward ops' program, and the tables say so
+            assert ["polyconv-jax", "polyconv-jax backward ops"] in row["same_program"]
+            assert f"{corpus_report.ratios(row)['jax/own ops']:.2f}=" in (
+                corpus_report.format_markdown(results))
     assert "DCGAN G: ConvT 64->3" in capsys.readouterr().out
     assert ("| DCGAN G: ConvT 64->3 k4 s2 32x32 | gradient |"
             in corpus_report.format_markdown(results))

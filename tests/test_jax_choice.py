@@ -281,3 +281,21 @@ def test_folded_is_measured_for_ungrouped_plans_only_on_cpu():
         assert "folded" not in _choice.candidates(primitive, grouped, "cpu")
         assert _choice.is_applicable(primitive, grouped, "folded", "cpu")
         assert "folded" in _choice.candidates(primitive, grouped, "gpu")
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_folded_forward_is_measured_on_channels_first_data_with_three_axes_only_on_cpu(nd):
+    """On CPU the folded forward of channels-first data runs within 10% of the plain
+    convolution for one and two spatial axes (measuring it picks by noise), and halves the
+    3-D one: only the latter measures it. Channels-last data, the weight gradient and other
+    platforms measure it at every rank."""
+    def plan(fmt):
+        src = (2, 4, *(6,) * nd) if fmt == "NCX" else (2, *(6,) * nd, 4)
+        return polyconv.infer_shape("Convolution", src, (*(3,) * nd, 4, 8), pads_begin=1,
+                                    pads_end=1, data_format=fmt, weights_format="XIO")
+
+    cf, cl = plan("NCX"), plan("NXC")
+    assert ("folded" in _choice.candidates("forward", cf, "cpu")) == (nd == 3)
+    assert "folded" in _choice.candidates("forward", cl, "cpu")
+    assert "folded" in _choice.candidates("backward_weights", cf, "cpu")
+    assert "folded" in _choice.candidates("forward", cf, "gpu")

@@ -182,7 +182,12 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`). Nor are the ``folded``
     lowerings of grouped plans on CPU: their convolutions are XLA CPU's grouped slow path,
     like ``direct``'s (a depthwise weight gradient's took 2.5-5.6 s a call, against 8-33 ms
-    for ``depthwise``), so they cannot win either. On GPU the im2col
+    for ``depthwise``), so they cannot win either. Nor is the ``folded`` forward of
+    channels-first data with one or two spatial axes on CPU: there it runs within 10% of the
+    plain convolution either way, so its measurement picks by noise (the U-Net's 3x3 64->64
+    at 128x128: measured 5% faster and taken, it then ran 21.2 ms against 19.5 for ``direct``
+    alternated in one process, 1.29x the ``lax`` call in the corpus's rounds); with three
+    axes it halves XLA CPU's 3-D convolution and is measured. On GPU the im2col
     lowerings are not applicable where XLA GPU may abort compiling them
     (:func:`is_applicable`)."""
     platform = platform or jax.default_backend()
@@ -194,7 +199,8 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
             (plan.ndim >= 3 and any(s > 1 for s in plan.strides))
             or direct_aborts_xla_cpu(plan)):
         out = [name for name in out if name != "direct"]
-    if platform == "cpu" and plan.groups > 1:
+    if platform == "cpu" and (plan.groups > 1 or (
+            primitive == "forward" and not plan.channels_last and plan.ndim <= 2)):
         out = [name for name in out if name != "folded"]
     first = policy(primitive, plan, platform)
     return sorted(out, key=lambda name: name != first)

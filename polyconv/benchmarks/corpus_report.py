@@ -58,26 +58,34 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def _cells(results: dict[str, Any], keys: tuple[str, ...]):
+    """Each row with its times (polyconv-jax's, polyconv-numpy's, in ms or ``None``) and its
+    ratio cells in ``keys`` order; and each key's ratios over the run."""
+    per_key: dict[str, list[float]] = {k: [] for k in keys}
+    rows = []
+    for row in results["layers"]:
+        r = ratios(row)
+        for k in keys:
+            if k in r:
+                per_key[k].append(r[k])
+        t, tn = (row["median_s"].get(n) for n in ("polyconv-jax", "polyconv-numpy"))
+        rows.append((row, r, t and t * 1e3, tn and tn * 1e3,
+                     [_cell(row, k, r[k]) if k in r else "-" for k in keys]))
+    return rows, per_key
+
+
 def format_table(results: dict[str, Any]) -> str:
     keys = _keys(results)
     lines = [f"{'layer':58s} {'mode':9s} {'jax ms':>8s} {'numpy ms':>8s} "
              + " ".join(f"{k:>11s}" for k in keys)]
-    per_key: dict[str, list[float]] = {k: [] for k in keys}
+    rows, per_key = _cells(results, keys)
     per_mode: dict[str, list[float]] = {}
-    for row in results["layers"]:
-        r = ratios(row)
-        t = row["median_s"].get("polyconv-jax")
-        tn = row["median_s"].get("polyconv-numpy")
-        cells = []
-        for k in keys:
-            cells.append(f"{_cell(row, k, r[k]):>11s}" if k in r else f"{'-':>11s}")
-            if k in r:
-                per_key[k].append(r[k])
+    for row, r, t, tn, cells in rows:
         if "numpy/torch" in r:
             per_mode.setdefault(row["mode"], []).append(r["numpy/torch"])
         lines.append(f"{row['layer'][:58]:58s} {row['mode']:9s} "
-                     f"{t * 1e3 if t else float('nan'):8.2f} "
-                     f"{tn * 1e3 if tn else float('nan'):8.2f} " + " ".join(cells))
+                     f"{t or float('nan'):8.2f} {tn or float('nan'):8.2f} "
+                     + " ".join(f"{c:>11s}" for c in cells))
     lines.append(f"{'geometric mean':58s} {'':9s} {'':8s} {'':8s} "
                  + " ".join(f"{geomean(per_key[k]):11.2f}" for k in keys))
     for mode, values in per_mode.items():
@@ -105,18 +113,11 @@ def format_markdown(results: dict[str, Any]) -> str:
              "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
              + " | ".join(keys) + " |",
              "|---|---|---|---|---|" + "---|" * len(keys)]
-    per_key: dict[str, list[float]] = {k: [] for k in keys}
-    for row in results["layers"]:
-        r = ratios(row)
-        for k in r:
-            per_key.setdefault(k, []).append(r[k])
-        t = row["median_s"].get("polyconv-jax")
-        tn = row["median_s"].get("polyconv-numpy")
-        cells = [_cell(row, k, r[k]) if k in r else "-" for k in keys]
+    rows, per_key = _cells(results, keys)
+    for row, _, t, tn, cells in rows:
         lines.append(f"| {row['layer']} | {row['mode']} | "
-                     + (f"{t * 1e3:.2f} ms" if t else "-")
-                     + f" | {row.get('lowering', '')} | "
-                     + (f"{tn * 1e3:.2f} ms" if tn else "-") + " | " + " | ".join(cells) + " |")
+                     + (f"{t:.2f} ms" if t else "-") + f" | {row.get('lowering', '')} | "
+                     + (f"{tn:.2f} ms" if tn else "-") + " | " + " | ".join(cells) + " |")
     lines.append("| **geometric mean** | | | | | "
                  + " | ".join(f"**{geomean(per_key[k]):.2f}**" for k in keys) + " |")
     lines += ["", "Ratios: polyconv's median time over the peer's, same run (below 1: polyconv "
