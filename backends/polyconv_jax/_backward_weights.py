@@ -211,14 +211,13 @@ def _weights_patches(plan: ConvPlan, precision, a, b):
 
     On CPU, channels-last ``a`` with few channels is gathered channels-first
     (:data:`PATCHES_CHANNELS_FIRST_MAX`; other platforms keep the programs measured there)."""
-    rows_b = tuple(i for i in range(plan.ndim + 2) if i != plan.channel_axis)
+    rows_b = (0, *plan.spatial_axes)                 # batch and rows, contracted
     if (plan.channels_last and plan.a_channels <= PATCHES_CHANNELS_FIRST_MAX
             and jax.default_backend() == "cpu"):
         plan, a = plan.with_(channels_last=False), jnp.moveaxis(a, -1, 1)
-    c = plan.channel_axis
-    rows = tuple(i for i in range(plan.ndim + 2) if i != c)
-    y = lax.dot_general(patches(plan, a), b, ((rows, rows_b), ((), ())), precision=precision,
-                        preferred_element_type=plan.acc_dtype)      # [T*Ca, Cb]
+    rows_a = (0, *plan.spatial_axes)
+    y = lax.dot_general(patches(plan, a), b, ((rows_a, rows_b), ((), ())),
+                        precision=precision, preferred_element_type=plan.acc_dtype)  # [T*Ca, Cb]
     y = y.reshape((*plan.kernel, plan.a_channels, plan.b_channels))
     y = jnp.transpose(y, (plan.ndim + 1, plan.ndim, *range(plan.ndim)))  # [Cb, Ca, K..]
     return jnp.transpose(y, plan.weights_inverse_perm)

@@ -10,6 +10,8 @@ RATIO_KEYS = ("jax/lax", "jax/torch", "jax/own ops", "numpy/torch", "jax/torch t
               "polyconv-torch/torch", "cupy/torch")
 #: PyTorch's full-float32 configurations; its best is the peer (CUDA: both memory formats)
 _TORCH = ("torch", "torch NCX")
+#: polyconv-jax's other peers: the ratio's label (``jax/<label>``) and the competitor's name
+_JAX_PEERS = {"lax": "lax", "own ops": "polyconv-jax backward ops", "torch tf32": "torch tf32"}
 
 
 def ratios(row: dict[str, Any]) -> dict[str, float]:
@@ -19,8 +21,7 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
     t = row["median_s"]
     out = {}
     best_torch = min((t[k] for k in _TORCH if k in t), default=None)
-    peers = {"lax": t.get("lax"), "torch": best_torch,
-             "own ops": t.get("polyconv-jax backward ops"), "torch tf32": t.get("torch tf32")}
+    peers = {"torch": best_torch, **{label: t.get(name) for label, name in _JAX_PEERS.items()}}
     if "polyconv-jax" in t:
         for peer, time_ in peers.items():
             if time_:
@@ -35,14 +36,10 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-#: the competitor behind each of polyconv-jax's ratios
-_JAX_PEERS = {"jax/lax": "lax", "jax/own ops": "polyconv-jax backward ops"}
-
-
 def _cell(row: dict[str, Any], key: str, value: float) -> str:
     """A ratio, marked ``=`` where polyconv-jax and the peer ran one compiled program (the
     ratio is then 1 by construction, and its distance from 1 is the host's noise)."""
-    peer = _JAX_PEERS.get(key)
+    peer = _JAX_PEERS.get(key.removeprefix("jax/")) if key.startswith("jax/") else None
     same = any("polyconv-jax" in group and peer in group
                for group in row.get("same_program", ()))
     return f"{value:.2f}" + ("=" if same else "")
