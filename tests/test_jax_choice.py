@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -172,6 +173,44 @@ def test_measure_times_every_candidate_and_drops_slow_ones():
     assert times[names[-1]] == 10.0
     assert all(times[n] == 1.0 for n in names[:-1])
     assert len(calls) == len(names) + 3 * (len(names) - 1)
+
+
+def test_a_timed_call_queues_its_calls_and_waits_once(monkeypatch):
+    """``_time`` issues its calls back to back, waits for the last one only, and returns the
+    seconds per call (a fake clock: each call takes 0.5 s)."""
+    clock, log = [0.0], []
+
+    class Result:
+        def block_until_ready(self):
+            log.append("wait")
+            return self
+
+    def fn():
+        clock[0] += 0.5
+        log.append("call")
+        return Result()
+
+    monkeypatch.setattr(_choice, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    assert _choice._time(fn, (), calls=4) == 0.5
+    assert log == ["call"] * 4 + ["wait"]
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+def test_off_the_cpu_each_timed_call_is_several_queued_calls(monkeypatch, platform):
+    """On an accelerator a small plan's single call is mostly dispatch: the measurement
+    times queued calls there, one call at a time on the CPU."""
+    plan = _plan()
+    names = _choice.candidates("backward_data", plan, "cpu")
+    queued = set()
+
+    def fake_time(fn, args, calls=1):
+        queued.add(calls)
+        return 1.0
+
+    monkeypatch.setattr(_choice, "_time", fake_time)
+    monkeypatch.setattr(_choice.jax, "default_backend", lambda: platform)
+    _choice.measure("backward_data", plan, None, names, rounds=1)
+    assert queued == {1 if platform == "cpu" else _choice.MEASURE_QUEUED_CALLS}
 
 
 def test_every_candidate_runs_once_before_its_first_timed_call(monkeypatch):
