@@ -20,10 +20,14 @@ from ._backends import env_switch
 from ._geometry import ConvPlan
 
 #: the plan fields a measurement depends on (not the op's name, bias or precision request):
-#: ``conv_transpose`` and ``convolution_backward_data`` share their backward_data's
+#: ``conv_transpose`` and ``convolution_backward_data`` share their backward_data's. Not
+#: ``output_padding``, which the sizes imply: a strided Convolution whose size rule leaves
+#: rows past its last product has ``output_padding`` 0 in its own plan (whose backward_data
+#: its gradient computes) and those rows in ``convolution_backward_data``'s; one geometry,
+#: one measurement (two had let the gradient and the backward ops pick apart by noise)
 GEOMETRY = ("batch", "a_channels", "b_channels", "groups", "a_spatial", "b_spatial", "kernel",
-            "strides", "dilations", "pads_begin", "pads_end", "output_padding",
-            "channels_last", "weights_perm", "dtype")
+            "strides", "dilations", "pads_begin", "pads_end", "channels_last",
+            "weights_perm", "dtype")
 
 
 def geometry(plan: ConvPlan) -> str:

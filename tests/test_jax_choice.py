@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -173,6 +174,28 @@ def test_measure_times_every_candidate_and_drops_slow_ones():
     assert times[names[-1]] == 10.0
     assert all(times[n] == 1.0 for n in names[:-1])
     assert len(calls) == len(names) + 3 * (len(names) - 1)
+
+
+def test_a_gradient_and_its_backward_ops_share_one_measurement(measuring, monkeypatch):
+    """A strided Convolution whose size rule leaves an input row past its last product (7x7,
+    stride 2, pads 3 on 12 rows: 6 outputs reach 17 of 18 padded rows): its backward_data
+    called by hand carries that row as output_padding, its gradient's plan has none. One
+    geometry: the backward ops measure nothing the gradient has not measured."""
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({}, calls))
+    rng = np.random.default_rng(0)
+    x, w = (jnp.asarray(rng.standard_normal(s, dtype=np.float32))
+            for s in ((2, 12, 12, 3), (7, 7, 3, 8)))
+    attrs = dict(strides=2, pads_begin=3, pads_end=3, data_format="NXC", weights_format="XIO")
+    g = jnp.ones((2, 6, 6, 8))
+    jax.jit(lambda x, w, g: jax.vjp(partial(polyconv.convolution, **attrs), x, w)[1](g))(
+        x, w, g)
+    measured = list(calls)
+    assert {p for p, _ in measured} >= {"backward_data", "backward_weights"}
+    jax.jit(lambda x, w, g: (
+        polyconv.convolution_backward_data(g, w, dst_shape=x.shape, **attrs),
+        polyconv.convolution_backward_weights(x, g, w.shape, **attrs)))(x, w, g)
+    assert calls == measured
 
 
 def test_a_timed_call_queues_its_calls_and_waits_once(monkeypatch):
