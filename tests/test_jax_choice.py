@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 from types import SimpleNamespace
 
@@ -234,6 +235,11 @@ def test_off_the_cpu_each_timed_call_is_several_queued_calls(monkeypatch, platfo
     monkeypatch.setattr(_choice.jax, "default_backend", lambda: platform)
     _choice.measure("backward_data", plan, None, names, rounds=1)
     assert queued == {1 if platform == "cpu" else _choice.MEASURE_QUEUED_CALLS}
+    # results too large to hold ten at once: fewer queued calls
+    monkeypatch.setattr(_choice, "MEASURE_QUEUED_BYTES", 3 * 4 * math.prod(plan.a_shape))
+    queued.clear()
+    _choice.measure("backward_data", plan, None, names, rounds=1)
+    assert queued == {1 if platform == "cpu" else 3}
 
 
 def test_every_candidate_runs_once_before_its_first_timed_call(monkeypatch):

@@ -84,8 +84,10 @@ MEASURE_PLAIN_TIE = 0.05
 #: a candidate whose first timed call takes this many times the best so far is dropped
 MEASURE_DROP_FACTOR = 3.0
 #: on an accelerator each timed "call" is this many calls queued back to back, waited for
-#: once (see :func:`_time`)
+#: once (see :func:`_time`), fewer where their results would hold more than
+#: :data:`MEASURE_QUEUED_BYTES` at once (large calls are not dispatch-bound anyway)
 MEASURE_QUEUED_CALLS = 10
+MEASURE_QUEUED_BYTES = 1 << 30
 
 _FORCED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "polyconv_jax_forced_lowering", default=None)
@@ -357,6 +359,14 @@ def _time(fn, args, calls: int = 1) -> float:
     return (time.perf_counter() - t0) / calls
 
 
+def _queued_calls(primitive: str, plan: ConvPlan) -> int:
+    """How many calls one timed call queues off the CPU (see :data:`MEASURE_QUEUED_CALLS`)."""
+    shape = {"forward": plan.b_shape, "backward_data": plan.a_shape,
+             "backward_weights": plan.weights_shape}[primitive]
+    size = math.prod(shape) * np.dtype(plan.acc_dtype).itemsize
+    return max(1, min(MEASURE_QUEUED_CALLS, MEASURE_QUEUED_BYTES // max(size, 1)))
+
+
 def _runnable(primitive: str, plan: ConvPlan, precision, name: str):
     """The lowering as a jitted function of the primitive's two operands."""
     return jax.jit(partial(IMPLEMENTATIONS[primitive][name], plan, precision))
@@ -381,7 +391,7 @@ def measure(primitive: str, plan: ConvPlan, precision, names, rounds: int = MEAS
             return pool.submit(measure, primitive, plan, precision, names, rounds,
                                timer).result()
     if timer is None:
-        queued = 1 if jax.default_backend() == "cpu" else MEASURE_QUEUED_CALLS
+        queued = 1 if jax.default_backend() == "cpu" else _queued_calls(primitive, plan)
         timer = partial(_time, calls=queued)
     args = _inputs(primitive, plan)
     calls = {}
