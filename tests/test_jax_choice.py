@@ -188,7 +188,7 @@ def test_a_gradient_and_its_backward_ops_share_one_measurement(measuring, monkey
     x, w = (jnp.asarray(rng.standard_normal(s, dtype=np.float32))
             for s in ((2, 12, 12, 3), (7, 7, 3, 8)))
     attrs = dict(strides=2, pads_begin=3, pads_end=3, data_format="NXC", weights_format="XIO")
-    g = jnp.ones((2, 6, 6, 8))
+    g = jnp.ones((2, 6, 6, 8), jnp.float32)
     jax.jit(lambda x, w, g: jax.vjp(partial(polyconv.convolution, **attrs), x, w)[1](g))(
         x, w, g)
     measured = list(calls)
