@@ -361,9 +361,7 @@ def _time(fn, args, calls: int = 1) -> float:
 
 def _queued_calls(primitive: str, plan: ConvPlan) -> int:
     """How many calls one timed call queues off the CPU (see :data:`MEASURE_QUEUED_CALLS`)."""
-    shape = {"forward": plan.b_shape, "backward_data": plan.a_shape,
-             "backward_weights": plan.weights_shape}[primitive]
-    size = math.prod(shape) * np.dtype(plan.acc_dtype).itemsize
+    size = math.prod(plan.with_(primitive=primitive).shape) * np.dtype(plan.acc_dtype).itemsize
     return max(1, min(MEASURE_QUEUED_CALLS, MEASURE_QUEUED_BYTES // max(size, 1)))
 
 

@@ -142,9 +142,7 @@ def _batch(primitive: str, args, dims, *, plan: ConvPlan, precision, lowering):
     roles = _ROLES[primitive]
     channel = plan.channel_axis % (plan.ndim + 2)
     if size == 0:
-        shape = {"forward": plan.b_shape, "backward_data": plan.a_shape,
-                 "backward_weights": plan.weights_shape}[primitive]
-        return jnp.zeros((0, *shape), plan.acc_dtype), 0
+        return jnp.zeros((0, *plan.with_(primitive=primitive).shape), plan.acc_dtype), 0
     if roles[1] == "weights" and dims[1] is None:
         # data mapped, weights shared: one call on a batch of size * N
         folded = plan.with_(batch=size * plan.batch)
