@@ -776,3 +776,63 @@ def test_merge_reshapes_to_any_shape(src, shape):
     np.testing.assert_array_equal(np.asarray(_xla._merge(jnp.asarray(x), shape)),
                                   x.reshape(shape))
 
+
+
+# --------------------------------------------------------------------------------------------
+# weights computed once, not fused into the elementwise loops (_xla.computed_once)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_rearranged_once_moves_every_value_unchanged(dtype):
+    """A transpose and reshape by :func:`_xla.rearranged_once` equals numpy's bit for bit on
+    signed zeros, infinities, NaN payloads, subnormals and the extremes, jitted and under
+    vmap, and its derivative is the rearranged cotangent."""
+    dt = jnp.dtype(dtype)
+    info = jnp.finfo(dt)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, float(info.smallest_subnormal),
+                        -float(info.smallest_subnormal), float(info.max), float(info.min)])
+    bits = np.dtype(f"u{dt.itemsize}")
+    values = np.random.default_rng(24).standard_normal(2 * 3 * 4 * 5).astype(dt)
+    values[: special.size] = special.astype(dt)
+    values.view(bits)[special.size] = 0x7FC1 if dt.itemsize == 2 else 0x7FC00123  # a payload
+    x = values.reshape(2, 3, 4, 5)
+
+    def rearrange(v):
+        return v.transpose(2, 0, 3, 1).reshape(4, 10, 3)
+
+    want = rearrange(x).view(bits)
+    batched = np.stack([x, x[::-1]])
+    for got, expect in ((jax.jit(_xla.rearranged_once, static_argnums=1)(x, rearrange), want),
+                        (jax.vmap(lambda v: _xla.rearranged_once(v, rearrange))(batched),
+                         np.stack([want, rearrange(x[::-1]).view(bits)]))):
+        assert np.asarray(got).dtype == dt
+        assert np.array_equal(np.asarray(got).view(bits), expect)
+    cot = jnp.asarray(np.arange(120.0).reshape(4, 10, 3))
+    grad = jax.grad(lambda v: jnp.vdot(_xla.rearranged_once(v, rearrange), cot))(
+        jnp.zeros((2, 3, 4, 5)))
+    assert np.array_equal(rearrange(np.asarray(grad)), cot)
+
+
+@pytest.mark.parametrize("op", ["convolution", "convolution_backward_data"])
+def test_elementwise_loops_read_weights_computed_once(op):
+    """On CPU, the loop of a depthwise elementwise lowering does not read PyTorch-layout
+    (``OIX``) weights through a fused transpose, which left it unvectorized (3-4x slower):
+    the transposed weights are a loop of their own."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the fusion is XLA CPU's")
+    c = 16
+    attrs = {"strides": 1, "pads_begin": 1, "pads_end": 1, "groups": c,
+             "data_format": "NXC", "weights_format": "OIX"}
+    x = jnp.zeros((2, 9, 9, c), jnp.float32)
+    w = jnp.zeros((c, 1, 3, 3), jnp.float32)
+    fn = getattr(polyconv, op)
+    args = (x, w) if op == "convolution" else (x, w, x.shape)
+    primitive = "forward" if op == "convolution" else "backward_data"
+    with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
+        text = jax.jit(lambda a, b: fn(a, b, *args[2:], **attrs)).lower(*args[:2]).compile(
+            ).as_text()
+    loops = re.split(r"\n(?=%)", text)
+    big = [body for body in loops if re.search(r"-> f32\[2,9,9,16\]", body.split("\n")[0])]
+    assert big, text
+    assert not any("transpose(" in body for body in big), big

@@ -77,8 +77,7 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     g = plan.groups
     cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
     acc = plan.acc_dtype
-    wk = jnp.swapaxes(taps_first(plan, w), -1, -2)          # [K.., Cb, Ca/G]
-    wk = wk.reshape((*plan.kernel, g, cb_g, ca_g))
+    wk = taps_first(plan, w, per_b_channel=True)            # [K.., Cb/G, Ca]
     tops = tuple(p.max_shift for p in axes)
     lengths = tuple(p.max_shift + 1 for p in axes)
     config = [(0, 0, 0)] * b.ndim
@@ -96,9 +95,8 @@ def _elementwise(plan: ConvPlan, precision, b, w):
                 window = lax.slice(bp, start, limit)
                 ks = tuple(k for k, _ in tap)
                 for i in range(cb_g):
-                    weights = wk[(*ks, slice(None), i)].reshape(-1)      # [Ca]
                     yield ks, (group_channels(plan, window, i, cb_g, ca_g)
-                               * channel_vector(plan, weights))
+                               * channel_vector(plan, wk[(*ks, i)]))
 
         total = sum_by_first_tap(terms())
         if total is None:

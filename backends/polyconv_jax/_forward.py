@@ -14,7 +14,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from ._xla import _conv_general, _data_spec, _dnums, _merge
+from ._xla import _conv_general, _data_spec, _dnums, _merge, rearranged_once
 
 
 def _conv(plan: ConvPlan, precision, a, w):
@@ -117,12 +117,24 @@ def channel_vector(plan: ConvPlan, v):
     return v if plan.channels_last else v.reshape((-1,) + (1,) * plan.ndim)
 
 
-def taps_first(plan: ConvPlan, w):
-    """The weights as ``[K.., Ca/G, Cb]`` in the accumulation dtype: one tap's weights for
-    one channel of a group are a contiguous run over channels (a weights array read
-    channel-minor keeps the fused loop of an elementwise lowering vectorized)."""
-    wc = jnp.transpose(w, plan.weights_perm).astype(plan.acc_dtype)   # [Cb, Ca/G, K..]
-    return jnp.transpose(wc, (*range(2, plan.ndim + 2), 1, 0))
+def taps_first(plan: ConvPlan, w, per_b_channel: bool = False):
+    """The weights in the accumulation dtype as ``[K.., Ca/G, Cb]`` (one tap's weights for
+    one ``a`` channel of each group, a run over ``Cb``: what forward's terms multiply), or
+    with ``per_b_channel`` as ``[K.., Cb/G, Ca]`` (one ``b`` channel of each group, a run
+    over ``Ca``: backward_data's). Either way the run one elementwise term reads is
+    contiguous and :func:`rearranged_once`, which keeps the term's fused loop vectorized."""
+    k = tuple(range(2, plan.ndim + 2))
+    g = plan.groups
+
+    def rearrange(v):
+        v = v.transpose(plan.weights_perm)                              # [Cb, Ca/G, K..]
+        if not per_b_channel:
+            return v.transpose((*k, 1, 0))
+        v = v.reshape((g, plan.b_channels // g, *v.shape[1:]))         # [G, Cb/G, Ca/G, K..]
+        v = v.transpose((*(a + 1 for a in k), 1, 0, 2))                # [K.., Cb/G, G, Ca/G]
+        return v.reshape((*plan.kernel, plan.b_channels // g, plan.a_channels))
+
+    return rearranged_once(w, rearrange).astype(plan.acc_dtype)
 
 
 def sum_by_first_tap(terms):
