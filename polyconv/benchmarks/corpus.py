@@ -94,12 +94,13 @@ def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", sou
                       data_format=fmt, weights_format=wfmt), dtype, source)
 
 
-def _conv(model, name, src, ic, oc, k, s, p, groups=1, fmt="NXC", source=""):
+def _conv(model, name, src, ic, oc, k, s, p, groups=1, fmt="NXC", source="", wfmt=None):
+    """A Convolution layer; weights in the framework's layout for ``fmt`` (torch's OIX for
+    channels-first, Flax's XIO for channels-last) unless ``wfmt`` names one of the two."""
     d = len(src) - 1            # src: batch and spatial sizes
-    if fmt == "NCX":
-        shape, wshape, wfmt = (src[0], ic, *src[1:]), (oc, ic // groups, *(k,) * d), "OIX"
-    else:
-        shape, wshape, wfmt = (*src, ic), (*(k,) * d, ic // groups, oc), "XIO"
+    shape = (src[0], ic, *src[1:]) if fmt == "NCX" else (*src, ic)
+    wfmt = wfmt or ("OIX" if fmt == "NCX" else "XIO")
+    wshape = {"OIX": (oc, ic // groups, *(k,) * d), "XIO": (*(k,) * d, ic // groups, oc)}[wfmt]
     return Layer(model, name, "convolution", shape, wshape,
                  dict(strides=s, pads_begin=p, pads_end=p, groups=groups, data_format=fmt,
                       weights_format=wfmt), "float32", source)
@@ -153,6 +154,9 @@ LAYERS: tuple[Layer, ...] = (
           groups=96, source=_MBV2),
     _conv("MobileNetV2", "depthwise 144 k3 s1 56x56", (8, 56, 56), 144, 144, 3, 1, 1,
           groups=144, source=_MBV2),
+    _conv("MobileNetV2", "depthwise 144 k3 s1 56x56 OIX weights", (8, 56, 56), 144, 144, 3, 1,
+          1, groups=144, wfmt="OIX", source=_MBV2 + "; weights in PyTorch's layout, as a port "
+          "of its checkpoint keeps them"),
     _conv("ConvNeXt-T", "depthwise 96 k7 s1 56x56", (8, 56, 56), 96, 96, 7, 1, 3,
           groups=96, source=_CONVNEXT),
     _conv("U-Net", "Conv 64->64 k3 s1 128x128 NCX", (1, 128, 128), 64, 64, 3, 1, 1,
