@@ -546,7 +546,7 @@ def test_forward_lowering_low_precision(lowering, fmt, dtype):
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
                          _bw_params())
 def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fmt, wfmt,
-                                                      lowering, monkeypatch):
+                                                      lowering, monkeypatch, request):
     # runs of a few output positions, so that ``bands`` cuts the grid's small images into
     # several runs of rows, pads inside some and not others
     monkeypatch.setattr(_backward_weights, "BAND_POSITIONS", 5)
@@ -563,11 +563,18 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     ref = reference(weights_op, *inputs, weights_shape=w_shape, **attrs)
     # the im2col lowering gathers the grid's few channels channels-first from channels-last
     # data; with the threshold at 0 it gathers them channel-minor, as for many channels
-    firsts = [_backward_weights.PATCHES_CHANNELS_FIRST_MAX]
+    # and multiplies channels-last patches as b's transpose times them (ratio 0) or as they
+    # lie (ratio inf)
+    firsts = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
+               _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO)]
     if lowering == "patches_matmul" and fmt == "NXC":
-        firsts.append(0)
-    for first in firsts:
+        firsts += [(0, 0.0), (0, math.inf)]
+        request.addfinalizer(jax.clear_caches)   # no program of the patched ones outlives it
+    for first, ratio in firsts:
         monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", first)
+        monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
+        if len(firsts) > 1:
+            jax.clear_caches()  # the constants are read when a program is traced
         with polyconv_jax.force_lowering(backward_weights=lowering):
             y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape,
                                               **attrs)
@@ -575,10 +582,19 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
         assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
-@pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)
+@pytest.mark.parametrize(("lowering", "ratio"),
+                         [(name, math.inf) for name in BACKWARD_WEIGHTS_LOWERINGS]
+                         + [("patches_matmul", 0.0)])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_backward_weights_lowering_low_precision(lowering, dtype):
+def test_backward_weights_lowering_low_precision(lowering, ratio, dtype, monkeypatch, request):
     from oracle import random_array
+
+    # patches_matmul's two products, channel-minor patches multiplied as they lie (ratio
+    # inf) and b's transpose times them (ratio 0); the other lowerings ignore both constants
+    monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", 0)
+    monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
+    jax.clear_caches()          # the constants are read when a program is traced
+    request.addfinalizer(jax.clear_caches)
 
     rng = np.random.default_rng(17)
     groups = 4 if lowering == "depthwise" else 2
