@@ -214,27 +214,27 @@ def _weights_patches(plan: ConvPlan, precision, a, b):
     :func:`polyconv_jax._forward.patches`) contracted with ``b`` over batch and rows,
     ``[T*Ca, Cb]``, then put in the user's weights layout.
 
-    On CPU, channels-last ``a`` with few channels is gathered channels-first
-    (:data:`PATCHES_CHANNELS_FIRST_MAX`; other platforms keep the programs measured there).
-    Channels-last patches with more rows than columns (:data:`PATCHES_TRANSPOSED_MIN_RATIO`)
-    are multiplied as ``b``'s transpose
-    ``[Cb, rows]`` times ``[rows, T*Ca]``: XLA CPU's matrix product whose left operand is
-    contracted over its leading axis (the rows of both channels-last operands) runs at about
-    half the rate of one contracted over its trailing axis (a 12544-row product into
-    ``[576, 64]``: 10.4 ms against 5.1, AVX-512 host), and transposing ``b`` costs one pass
-    over it; with more columns than rows the product's result outweighs ``b`` and the
-    transpose of the result lost (DCGAN's 512->256 layer). Measured on 2 CPUs, the weight
-    gradient alone: ResNet-50's 3x3 64->64 19.8 ms -> 11.1, nnU-Net's ConvT3d 128->64
-    18.9 -> 8.9, DCGAN's 128->64 11.1 -> 9.5."""
+    On CPU (other platforms keep the programs measured there), channels-last ``a`` with few
+    channels is gathered channels-first (:data:`PATCHES_CHANNELS_FIRST_MAX`), and
+    channels-last patches with more rows than columns (:data:`PATCHES_TRANSPOSED_MIN_RATIO`)
+    are multiplied as ``b``'s transpose ``[Cb, rows]`` times ``[rows, T*Ca]``: XLA CPU runs a
+    matrix product whose left operand is contracted over its leading axis (the rows, for
+    both channels-last operands) at about half the rate of one contracted over its trailing
+    axis (12544 rows into ``[576, 64]``: 10.4 ms against 5.1 on a 2-CPU AVX-512 host), and
+    transposing ``b`` costs one pass over it. With more columns than rows the result
+    outweighs ``b``, and the transpose lost (DCGAN's 512->256 layer). Measured there, the
+    weight gradient alone: ResNet-50's 3x3 64->64 19.8 ms -> 11.1, nnU-Net's ConvT3d
+    128->64 18.9 -> 8.9, DCGAN's 128->64 11.1 -> 9.5."""
     rows_b = (0, *plan.spatial_axes)                 # batch and rows, contracted
-    if (plan.channels_last and plan.a_channels <= PATCHES_CHANNELS_FIRST_MAX
-            and jax.default_backend() == "cpu"):
+    cpu = jax.default_backend() == "cpu"
+    if plan.channels_last and plan.a_channels <= PATCHES_CHANNELS_FIRST_MAX and cpu:
         plan, a = plan.with_(channels_last=False), jnp.moveaxis(a, -1, 1)
     rows_a = (0, *plan.spatial_axes)
     p = patches(plan, a)
     nd, ca, cb = plan.ndim, plan.a_channels, plan.b_channels
     rows = plan.batch * math.prod(plan.b_spatial)
-    if plan.channels_last and rows >= PATCHES_TRANSPOSED_MIN_RATIO * math.prod(plan.kernel) * ca:
+    if (cpu and plan.channels_last
+            and rows >= PATCHES_TRANSPOSED_MIN_RATIO * math.prod(plan.kernel) * ca):
         bt = jnp.moveaxis(b, -1, 0)                                      # [Cb, N, B..]
         y = lax.dot_general(bt, p, ((tuple(range(1, nd + 2)), rows_a), ((), ())),
                             precision=precision, preferred_element_type=plan.acc_dtype)
