@@ -133,7 +133,7 @@ def rearranged_once(x, rearrange):
     as one gather by its own XLA loop instead of fused into the loops that read it. XLA CPU
     fuses a transpose into its consumers, and a loop that reads weights through a transposed
     index runs unvectorized: an elementwise depthwise lowering whose ``[K.., C]`` weights
-    are a transpose of PyTorch's ``[C, 1, K..]`` ran 3-5x slower than with those weights
+    are a transpose of PyTorch's ``[C, 1, K..]`` ran 3.7-4.9x slower than with those weights
     computed first (MobileNetV2's and ConvNeXt-T's depthwise layers, 2 CPUs).
     ``lax.optimization_barrier`` does not keep them apart (XLA CPU drops it before fusing);
     a gather does. The indices are ``rearrange`` applied to numpy's ``arange``: the values
