@@ -14,8 +14,8 @@ CUDA cuDNN; results are torch tensors on the input's device. Picked automaticall
   torch tensors, also differentiable).
 * Numerics: float32 and float64 accumulate in their own dtype, with no TF32 on CUDA unless
   the caller passes ``precision="high"`` (``"default"`` keeps torch's global setting);
-  float16/bfloat16 accumulate in float32 with one rounding (natively where the engine does
-  that, else computed in float32 and rounded once).
+  float16/bfloat16 accumulate in float32 with one rounding (natively where cuDNN does that,
+  else, and always on CPU, computed in float32 and rounded once).
 * Autograd: each primitive is a :class:`torch.autograd.Function` whose gradients are
   polyconv's own primitives (the adjoint identities), so ``torch.autograd.grad`` of a
   polyconv op equals polyconv's backward ops, double backward included; ``torch.func``

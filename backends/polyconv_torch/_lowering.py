@@ -29,9 +29,10 @@ result is a contiguous tensor in the user's layout.
 
 Numerics: float32/float64 accumulate in their own dtype (no TF32 on CUDA unless the caller
 asks through ``precision``, see :func:`_fp32_precision`). float16/bfloat16 run natively where
-the engine accumulates in float32 and adds the bias before its one rounding (oneDNN on CPUs
-with native 16-bit support; cuDNN without bias, grouped weight gradients excepted); elsewhere
-the inputs are cast to float32, computed there and rounded once (:func:`_upcast`).
+the engine accumulates in float32 and adds the bias before its one rounding and is trusted to
+(cuDNN without bias, grouped weight gradients excepted; not oneDNN, see
+:data:`CPU_NATIVE_16BIT`); elsewhere the inputs are cast to float32, computed there and
+rounded once (:func:`_upcast`).
 """
 
 from __future__ import annotations
@@ -147,6 +148,13 @@ def _onednn_16bit() -> dict[torch.dtype, bool]:
 
 #: whether oneDNN runs each 16-bit dtype natively on this CPU (then torch always takes it)
 ONEDNN_16BIT = _onednn_16bit()
+#: whether polyconv lets oneDNN's native 16-bit convolutions compute on a CPU that has them.
+#: It does not: with PyTorch 2.13's oneDNN 3.12 on a Xeon with AVX512-BF16, AVX512-FP16 and
+#: AMX, bfloat16 convolutions whose last output axis has one position and a stride above one
+#: returned garbage (errors up to 1e38, 17 of 1500 random small plans, 2-D and 3-D), and a
+#: float16 1-D convolution of a one-sample input with padding, stride 2 and dilation 2
+#: crashed the process. Computing in float32 and rounding once meets the same bound.
+CPU_NATIVE_16BIT = False
 
 
 def _native_16bit(device_type: str, dtype: torch.dtype, bias: bool,
@@ -155,14 +163,15 @@ def _native_16bit(device_type: str, dtype: torch.dtype, bias: bool,
 
     CPU: oneDNN does (bias inside the accumulator) where the CPU has native support for the
     dtype, and torch then always takes oneDNN; elsewhere torch's fallback may round partial
-    sums. CUDA: cuDNN's convolutions accumulate in float32, but torch adds the bias
-    afterwards, in 16 bits; and its grouped weight gradients (``grouped_weights``) may round
-    partial sums of the reduction over batch and positions to 16 bits (seen on depthwise
-    plans, cuDNN 9.19 on an H100: errors 2-6x the one-rounding bound; the ungrouped ones of
-    the same test grid were within it).
+    sums. polyconv takes neither on CPU (:data:`CPU_NATIVE_16BIT`: oneDNN's native 16-bit
+    kernels gave wrong results and a crash on some plans). CUDA: cuDNN's convolutions
+    accumulate in float32, but torch adds the bias afterwards, in 16 bits; and its grouped
+    weight gradients (``grouped_weights``) may round partial sums of the reduction over
+    batch and positions to 16 bits (seen on depthwise plans, cuDNN 9.19 on an H100: errors
+    2-6x the one-rounding bound; the ungrouped ones of the same test grid were within it).
     """
     if device_type == "cpu":
-        return ONEDNN_16BIT[dtype]
+        return CPU_NATIVE_16BIT and ONEDNN_16BIT[dtype]
     return device_type == "cuda" and not bias and not grouped_weights
 
 
