@@ -565,15 +565,15 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     # data; with the threshold at 0 it gathers them channel-minor, as for many channels
     # and multiplies channels-last patches as b's transpose times them (ratio 0) or as they
     # lie (ratio inf)
-    firsts = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
+    variants = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
                _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO)]
     if lowering == "patches_matmul" and fmt == "NXC":
-        firsts += [(0, 0.0), (0, math.inf)]
+        variants += [(0, 0.0), (0, math.inf)]
         request.addfinalizer(jax.clear_caches)   # no program of the patched ones outlives it
-    for first, ratio in firsts:
+    for first, ratio in variants:
         monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", first)
         monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
-        if len(firsts) > 1:
+        if len(variants) > 1:
             jax.clear_caches()  # the constants are read when a program is traced
         with polyconv_jax.force_lowering(backward_weights=lowering):
             y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape,
@@ -793,9 +793,8 @@ def test_merge_reshapes_to_any_shape(src, shape):
                                   x.reshape(shape))
 
 
-
 # --------------------------------------------------------------------------------------------
-# weights computed once, not fused into the elementwise loops (_xla.computed_once)
+# weights rearranged once, not fused into the elementwise loops (_xla.rearranged_once)
 # --------------------------------------------------------------------------------------------
 
 

@@ -238,13 +238,14 @@ def _weights_patches(plan: ConvPlan, precision, a, b):
         bt = jnp.moveaxis(b, -1, 0)                                      # [Cb, N, B..]
         y = lax.dot_general(bt, p, ((tuple(range(1, nd + 2)), rows_a), ((), ())),
                             precision=precision, preferred_element_type=plan.acc_dtype)
-        y = y.reshape((cb, *plan.kernel, ca))
-        y = jnp.transpose(y, (0, nd + 1, *range(1, nd + 1)))              # [Cb, Ca, K..]
-        return jnp.transpose(y, plan.weights_inverse_perm)
-    y = lax.dot_general(p, b, ((rows_a, rows_b), ((), ())),
-                        precision=precision, preferred_element_type=plan.acc_dtype)  # [T*Ca, Cb]
-    y = y.reshape((*plan.kernel, ca, cb))
-    y = jnp.transpose(y, (nd + 1, nd, *range(nd)))                       # [Cb, Ca, K..]
+        y = y.reshape((cb, *plan.kernel, ca))                           # [Cb, K.., Ca]
+        to_canonical = (0, nd + 1, *range(1, nd + 1))
+    else:
+        y = lax.dot_general(p, b, ((rows_a, rows_b), ((), ())),
+                            precision=precision, preferred_element_type=plan.acc_dtype)
+        y = y.reshape((*plan.kernel, ca, cb))                           # [K.., Ca, Cb]
+        to_canonical = (nd + 1, nd, *range(nd))
+    y = jnp.transpose(y, to_canonical)                                  # [Cb, Ca, K..]
     return jnp.transpose(y, plan.weights_inverse_perm)
 
 
