@@ -446,6 +446,25 @@ def test_corpus_ratios_take_pytorchs_best_full_precision_configuration():
                            "polyconv-torch/torch": 1.5, "cupy/torch": 3.0}
 
 
+def test_records_name_the_environment_settings_that_change_kernels(monkeypatch):
+    # XLA's CPU options and glibc's arena count change what a run measures: a record that
+    # ran under them says so, in its JSON and in the docs' table, and one without them
+    # names none
+    from polyconv.benchmarks import corpus_report, suite
+
+    flags = "--xla_cpu_experimental_ynn_fusion_type=dot"
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    plain = suite.machine()
+    assert "xla_flags" not in plain and "malloc_arena_max" not in plain
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "1")
+    m = suite.machine()
+    assert (m["xla_flags"], m["malloc_arena_max"]) == (flags, "1")
+    line = corpus_report.format_markdown({"machine": m, "layers": []}).splitlines()[0]
+    assert f"XLA_FLAGS {flags}" in line and "MALLOC_ARENA_MAX 1" in line
+
+
 def test_bench_cases_filter_matching_nothing_is_an_error(capsys):
     from polyconv.benchmarks import suite
 

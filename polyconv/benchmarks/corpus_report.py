@@ -104,7 +104,8 @@ def format_markdown(results: dict[str, Any]) -> str:
                 f", {'with' if m['avx512'] else 'without'} AVX-512")
              + "".join(f", {label} {m[k]}" for k, label in (
                  ("blas_kernels", "numpy's BLAS kernels"),
-                 ("openblas_coretype", "OPENBLAS_CORETYPE"), ("gpu", "GPU"),
+                 ("openblas_coretype", "OPENBLAS_CORETYPE"), ("xla_flags", "XLA_FLAGS"),
+                 ("malloc_arena_max", "MALLOC_ARENA_MAX"), ("gpu", "GPU"),
                  ("batch_scale", "batch x")) if k in m)
              + ".", "",
              "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
