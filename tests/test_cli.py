@@ -455,14 +455,18 @@ def test_records_name_the_environment_settings_that_change_kernels(monkeypatch):
     flags = "--xla_cpu_experimental_ynn_fusion_type=dot"
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
     plain = suite.machine()
-    assert "xla_flags" not in plain and "malloc_arena_max" not in plain
+    assert not {"xla_flags", "malloc_arena_max", "openblas_coretype"} & set(plain)
     monkeypatch.setenv("XLA_FLAGS", flags)
     monkeypatch.setenv("MALLOC_ARENA_MAX", "1")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     m = suite.machine()
     assert (m["xla_flags"], m["malloc_arena_max"]) == (flags, "1")
+    assert m["openblas_coretype"] == "Haswell"
     line = corpus_report.format_markdown({"machine": m, "layers": []}).splitlines()[0]
     assert f"XLA_FLAGS {flags}" in line and "MALLOC_ARENA_MAX 1" in line
+    assert "OPENBLAS_CORETYPE Haswell" in line
 
 
 def test_bench_cases_filter_matching_nothing_is_an_error(capsys):

@@ -466,8 +466,14 @@ def _vector_units() -> dict[str, Any]:
     return info
 
 
-#: environment variables a benchmark record names when set (variable -> key in ``machine``)
-_ENVIRONMENT = {"XLA_FLAGS": "xla_flags", "MALLOC_ARENA_MAX": "malloc_arena_max"}
+#: environment variables a benchmark record names when set (variable -> key in ``machine``):
+#: settings that change which kernels run or where buffers live. numpy's OpenBLAS picks its
+#: kernels by CPU unless ``OPENBLAS_CORETYPE`` says otherwise (AVX2 "Haswell" kernels run
+#: float32 products at half the AVX-512 rate); XLA's CPU options change its kernels (2-D
+#: convolutions through YNNPACK ran 1.6-2.9x faster on an AVX-512 host); glibc's arena count
+#: decides where threads' scratch buffers live (page faults per call)
+_ENVIRONMENT = {"OPENBLAS_CORETYPE": "openblas_coretype", "XLA_FLAGS": "xla_flags",
+                "MALLOC_ARENA_MAX": "malloc_arena_max"}
 
 
 def machine() -> dict[str, Any]:
@@ -478,13 +484,6 @@ def machine() -> dict[str, Any]:
     for mod in ("jax", "torch"):
         if find_spec(mod) is not None:
             info[mod] = __import__(mod).__version__
-    # numpy's OpenBLAS picks its kernels by CPU unless this says otherwise (AVX2 "Haswell"
-    # kernels run float32 products at half the AVX-512 rate)
-    if os.environ.get("OPENBLAS_CORETYPE"):
-        info["openblas_coretype"] = os.environ["OPENBLAS_CORETYPE"]
-    # settings of the environment that change which kernels XLA runs (its CPU options: 2-D
-    # convolutions through YNNPACK ran 1.6-2.9x faster on an AVX-512 host) or where glibc
-    # puts the threads' scratch buffers (page faults per call): a record names them
     for var, key in _ENVIRONMENT.items():
         if os.environ.get(var):
             info[key] = os.environ[var]
