@@ -74,10 +74,10 @@ def test_the_plain_lowering_is_always_measured(measuring, monkeypatch):
         assert "direct" in _choice.candidates(primitive, plan)
 
 
-@pytest.mark.parametrize(("plain", "chosen"), [(1.04, "direct"), (1.06, "phases")])
+@pytest.mark.parametrize(("plain", "chosen"), [(1.09, "direct"), (1.11, "phases")])
 def test_the_plain_lowering_wins_a_close_call(measuring, monkeypatch, plain, chosen):
     """Another lowering must beat the plain one (a hand-written lax call's) by more than the
-    plain tie, 5%, to be chosen."""
+    plain tie, 10%, to be chosen."""
     monkeypatch.setattr(_choice, "measure",
                         _fake_measure({"phases": 0.5, "direct": 0.5 * plain}, []))
     assert _choice.policy("backward_data", _plan()) != "direct"
