@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
@@ -40,6 +40,7 @@ import numpy as np
 import polyconv
 from polyconv._compare import numpy_dtype
 
+from .corpus_layers import LAYERS, Layer
 from .corpus_report import format_table
 from .jax_vs_lax import compiled_instructions
 from .suite import (
@@ -51,118 +52,6 @@ from .suite import (
     select_competitors,
     torch_dtype,
     torch_tensor,
-)
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One convolution of a public model: a polyconv op with its inputs' shapes."""
-
-    model: str
-    name: str
-    op: str                        # "conv_transpose" or "convolution"
-    src: tuple[int, ...]           # in the layer's data_format
-    weights: tuple[int, ...]       # in the layer's weights_format
-    attrs: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"
-    source: str = ""
-
-    @property
-    def title(self) -> str:
-        return f"{self.model}: {self.name}"
-
-    @property
-    def plan(self) -> polyconv.ConvPlan:
-        return polyconv.infer_shape(self.op, self.src, self.weights, **self.attrs)
-
-    @property
-    def flops(self) -> float:
-        """2 x multiply-adds of the canonical convolution."""
-        return 2.0 * self.plan.macs
-
-
-def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", source=""):
-    """A ConvTranspose layer; weights in the framework's layout for ``fmt`` (torch's IOX for
-    channels-first, Flax's XIO-like XOI for channels-last)."""
-    d = len(src) - 1            # src: batch and spatial sizes
-    if fmt == "NCX":
-        shape, wshape, wfmt = (src[0], ic, *src[1:]), (ic, oc, *(k,) * d), "IOX"
-    else:
-        shape, wshape, wfmt = (*src, ic), (*(k,) * d, oc, ic), "XOI"
-    return Layer(model, name, "conv_transpose", shape, wshape,
-                 dict(strides=s, pads_begin=p, pads_end=p, output_padding=op,
-                      data_format=fmt, weights_format=wfmt), dtype, source)
-
-
-def _conv(model, name, src, ic, oc, k, s, p, groups=1, fmt="NXC", source="", wfmt=None):
-    """A Convolution layer; weights in the framework's layout for ``fmt`` (torch's OIX for
-    channels-first, Flax's XIO for channels-last) unless ``wfmt`` names one of the two."""
-    d = len(src) - 1            # src: batch and spatial sizes
-    shape = (src[0], ic, *src[1:]) if fmt == "NCX" else (*src, ic)
-    wfmt = wfmt or ("OIX" if fmt == "NCX" else "XIO")
-    wshape = {"OIX": (oc, ic // groups, *(k,) * d), "XIO": (*(k,) * d, ic // groups, oc)}[wfmt]
-    return Layer(model, name, "convolution", shape, wshape,
-                 dict(strides=s, pads_begin=p, pads_end=p, groups=groups, data_format=fmt,
-                      weights_format=wfmt), "float32", source)
-
-
-_DCGAN = "pytorch/examples dcgan/main.py Generator (nz=100, ngf=64, nc=3)"
-_HIFI = "jik876/hifi-gan models.py Generator, config_v1.json (upsample 8,8,2,2; k 16,16,4,4)"
-_UNET = "milesial/Pytorch-UNet unet_parts.py Up (bilinear=False), 256x256 input"
-_JAX3D = "jax-ml/jax issue #31662 (equinox ConvTranspose, 3-D, 64->1)"
-_NNUNET = "nnU-Net Generic_UNet 3-D transposed-conv upsampling (2x2x2, stride 2)"
-_MONAI = "MONAI networks/nets/unet.py UNet up layer (3-D, kernel 3, stride 2)"
-_NNUNET_CONV = ("nnU-Net Generic_UNet 3-D conv block (3x3x3, 32 features: the first stage), "
-                "a 32x64x64 crop of its patch")
-_RESNET = "torchvision resnet50 (Bottleneck 3x3 convolutions)"
-_RESNET_STEM = "torchvision resnet50 (conv1: 7x7, stride 2, on the RGB image)"
-_MBV2 = "torchvision mobilenet_v2 (InvertedResidual depthwise 3x3)"
-_CONVNEXT = "facebookresearch/ConvNeXt models/convnext.py Block (ConvNeXt-T, 7x7 depthwise)"
-
-LAYERS: tuple[Layer, ...] = (
-    _ct("DCGAN G", "ConvT 512->256 k4 s2 4x4", (16, 4, 4), 512, 256, 4, 2, 1, source=_DCGAN),
-    _ct("DCGAN G", "ConvT 256->128 k4 s2 8x8", (16, 8, 8), 256, 128, 4, 2, 1, source=_DCGAN),
-    _ct("DCGAN G", "ConvT 128->64 k4 s2 16x16", (16, 16, 16), 128, 64, 4, 2, 1, source=_DCGAN),
-    _ct("DCGAN G", "ConvT 64->3 k4 s2 32x32", (16, 32, 32), 64, 3, 4, 2, 1, source=_DCGAN),
-    _ct("HiFi-GAN", "ConvT1d 512->256 k16 s8 NCX", (4, 32), 512, 256, 16, 8, 4, fmt="NCX",
-        source=_HIFI),
-    _ct("HiFi-GAN", "ConvT1d 256->128 k16 s8 NCX", (4, 256), 256, 128, 16, 8, 4, fmt="NCX",
-        source=_HIFI),
-    _ct("HiFi-GAN", "ConvT1d 128->64 k4 s2 NCX", (4, 2048), 128, 64, 4, 2, 1, fmt="NCX",
-        source=_HIFI),
-    _ct("U-Net", "ConvT 1024->512 k2 s2 16x16 NCX", (1, 16, 16), 1024, 512, 2, 2, 0,
-        fmt="NCX", source=_UNET),
-    _ct("U-Net", "ConvT 256->128 k2 s2 64x64 NCX", (1, 64, 64), 256, 128, 2, 2, 0, fmt="NCX",
-        source=_UNET),
-    _ct("U-Net", "ConvT 128->64 k2 s2 128x128 NCX", (1, 128, 128), 128, 64, 2, 2, 0,
-        fmt="NCX", source=_UNET),
-    _ct("3-D decoder", "ConvT3d 64->1 k3 s2 64x64x32 NCX", (1, 64, 64, 32), 64, 1, 3, 2, 1,
-        op=1, fmt="NCX", source=_JAX3D),
-    _ct("3-D decoder", "ConvT3d 64->1 k3 s2 64x64x32 NCX bf16", (1, 64, 64, 32), 64, 1, 3, 2,
-        1, op=1, fmt="NCX", dtype="bfloat16", source=_JAX3D),
-    _ct("nnU-Net 3-D", "ConvT3d 128->64 k2 s2 16x20x24", (1, 16, 20, 24), 128, 64, 2, 2, 0,
-        source=_NNUNET),
-    _ct("MONAI UNet", "ConvT3d 64->32 k3 s2 16^3", (1, 16, 16, 16), 64, 32, 3, 2, 1, op=1,
-        source=_MONAI),
-    _conv("ResNet-50", "Conv 3->64 k7 s2 224x224 (stem)", (4, 224, 224), 3, 64, 7, 2, 3,
-          source=_RESNET_STEM),
-    _conv("ResNet-50", "Conv 64->64 k3 s1 56x56", (4, 56, 56), 64, 64, 3, 1, 1,
-          source=_RESNET),
-    _conv("ResNet-50", "Conv 128->128 k3 s2 56x56", (4, 56, 56), 128, 128, 3, 2, 1,
-          source=_RESNET),
-    _conv("MobileNetV2", "depthwise 96 k3 s2 112x112", (8, 112, 112), 96, 96, 3, 2, 1,
-          groups=96, source=_MBV2),
-    _conv("MobileNetV2", "depthwise 144 k3 s1 56x56", (8, 56, 56), 144, 144, 3, 1, 1,
-          groups=144, source=_MBV2),
-    _conv("MobileNetV2", "depthwise 144 k3 s1 56x56 OIX weights", (8, 56, 56), 144, 144, 3, 1,
-          1, groups=144, wfmt="OIX", source=_MBV2 + "; weights in PyTorch's layout, as a port "
-          "of its checkpoint keeps them"),
-    _conv("ConvNeXt-T", "depthwise 96 k7 s1 56x56", (8, 56, 56), 96, 96, 7, 1, 3,
-          groups=96, source=_CONVNEXT),
-    _conv("U-Net", "Conv 64->64 k3 s1 128x128 NCX", (1, 128, 128), 64, 64, 3, 1, 1,
-          fmt="NCX", source=_UNET),
-    _conv("nnU-Net 3-D", "Conv3d 32->32 k3 s1 32x64x64 NCX", (1, 32, 64, 64), 32, 32, 3, 1, 1,
-          fmt="NCX", source=_NNUNET_CONV),
 )
 
 MODES = ("forward", "gradient")
