@@ -516,3 +516,35 @@ def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block
     for got, ref in checks:
         assert got.shape == ref.y.shape and got.dtype == x.dtype
         assert_within_bound(got, ref.y, ref.abs_sum, ref.n, dtype)
+
+
+@pytest.mark.parametrize("op", ["convolution", "convolution_backward_weights"])
+@pytest.mark.parametrize(("spatial", "kernel", "attrs"), [
+    ((13, 11), (3, 3), dict(strides=1, pads_begin=1, pads_end=1)),
+    ((15, 12), (3, 2), dict(strides=(2, 1), pads_begin=(1, 0), pads_end=(0, 1),
+                            dilations=(1, 2))),
+    ((37,), (5,), dict(strides=2, pads_begin=2, pads_end=1)),
+    ((5, 7, 6), (3, 3, 3), dict(strides=(1, 2, 1), pads_begin=1, pads_end=(1, 0, 1))),
+])
+@pytest.mark.parametrize("block_bytes", [1, 1 << 15])
+def test_channels_first_gather_by_blocks_matches_the_oracle(monkeypatch, op, spatial, kernel,
+                                                            attrs, block_bytes):
+    """Channels-last data with 4 channels per group (ResNeXt's layout) is gathered
+    channels-first, its 64 channels transposed by blocks of lines (one line per block, and
+    several): forward and backward_weights, which read it so, against the float64 oracle."""
+    monkeypatch.setattr(polyconv_numpy._common, "_TRANSPOSE_BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, *spatial, 64)).astype(np.float32)
+    w = rng.standard_normal((*kernel, 4, 64)).astype(np.float32)
+    attrs = dict(attrs, groups=16)
+    with polyconv_numpy.strategy(forward="gather", backward_weights="gather"):
+        if op == "convolution":
+            y = polyconv.convolution(x, w, **attrs)
+            ref = reference(op, x, w, **attrs)
+        else:
+            g = rng.standard_normal(polyconv.infer_shape("convolution", x.shape, w.shape,
+                                                         **attrs).shape).astype(np.float32)
+            y = polyconv.convolution_backward_weights(x, g, w.shape, **attrs)
+            ref = reference(op, x, g, weights_shape=w.shape, **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")

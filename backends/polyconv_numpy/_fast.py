@@ -35,6 +35,7 @@ from ._common import (
     add_bias,
     canonical_weights,
     channels_last_view,
+    copy_channels_first,
     dtypes,
     split_products,
     split_rows,
@@ -108,8 +109,8 @@ class _Grid:
         win = self.ph.phase_window(phase, self.p)
         if win is not None:
             grid = rows[:, : self.rows].reshape(-1, self.plan.batch, *self.p)
-            grid[(slice(None), slice(None), *win[0])] = np.moveaxis(
-                a_cl[(slice(None), *win[1])], -1, 0)
+            copy_channels_first(grid[(slice(None), slice(None), *win[0])],
+                                a_cl[(slice(None), *win[1])])
         return rows
 
     def output(self, channels: int, dtype: np.dtype, bias: Any) -> tuple[np.ndarray, np.ndarray]:
