@@ -121,6 +121,51 @@ def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):
     assert calls == []
 
 
+def test_a_per_group_problem_is_measured_when_all_the_groups_together_are_large(
+        measuring, monkeypatch):
+    """A per-group lowering's inner problem is repeated once per group: it is measured when
+    the copies together reach the threshold, though one alone would not."""
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    plan = _plan()
+    monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 8 * plan.macs)
+    assert _choice.choose("backward_data", plan, None, repeats=4) == _choice.policy(
+        "backward_data", plan)
+    assert calls == []
+    assert _choice.choose("backward_data", plan, None, repeats=8) == "phases"
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("primitive", ["backward_data", "backward_weights"])
+def test_a_grouped_candidate_measures_its_inner_problem_while_it_is_compiled(measuring,
+                                                                             primitive):
+    """Measuring the ``grouped`` candidate compiles it, which traces its inner problem's
+    choice, which measures again: that nested measurement runs (every candidate timed, none
+    failed for being called inside a trace), and the op stays exact."""
+    rng = np.random.default_rng(1)
+    attrs = {"strides": 1, "pads_begin": 1, "pads_end": 1, "groups": 4}
+    x = rng.uniform(-1, 1, (2, 12, 12, 16)).astype(np.float32)
+    w = rng.uniform(-1, 1, (3, 3, 4, 8)).astype(np.float32)
+    g = rng.uniform(-1, 1, (2, 12, 12, 8)).astype(np.float32)
+    if primitive == "backward_data":
+        got = jax.jit(lambda g, w: polyconv.convolution_backward_data(
+            g, w, dst_shape=x.shape, **attrs))(g, w)
+        ref = reference("convolution_backward_data", g.astype(np.float64),
+                        w.astype(np.float64), dst_shape=x.shape, **attrs)
+    else:
+        got = jax.jit(lambda x, g: polyconv.convolution_backward_weights(
+            x, g, w.shape, **attrs))(x, g)
+        ref = reference("convolution_backward_weights", x.astype(np.float64),
+                        g.astype(np.float64), weights_shape=w.shape, **attrs)
+    assert_within_bound(np.asarray(got), ref.y, ref.abs_sum, ref.n, "float32")
+    inner = {key: times for key, times in _choice.measured_times().items()
+             if key.split("|")[3] == primitive and "groups=1," in key}
+    assert inner, (f"the inner problem of {primitive} was not measured", _choice.measured_times())
+    for times in inner.values():
+        assert set(times) <= set(_choice.LOWERINGS[primitive])
+        assert all(math.isfinite(t) for t in times.values()), times
+
+
 def test_autotune_off_and_forcing_take_precedence(measuring, monkeypatch):
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))

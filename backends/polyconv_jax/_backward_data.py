@@ -190,7 +190,7 @@ def _grouped(plan: ConvPlan, precision, b, w):
     sub = plan.with_(groups=1, b_channels=cb_g, a_channels=ca_g)
     from ._choice import choose  # the inner problems are chosen like any other
 
-    inner = BACKWARD_DATA[choose("backward_data", sub, precision)]
+    inner = BACKWARD_DATA[choose("backward_data", sub, precision, repeats=g)]
     parts = [inner(sub, precision,
                    lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=plan.channel_axis),
                    lax.slice_in_dim(w, i * cb_g, (i + 1) * cb_g, axis=plan.weights_perm[0]))

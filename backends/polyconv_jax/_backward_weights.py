@@ -47,6 +47,12 @@ def _weights_direct(plan: ConvPlan, precision, a, b):
 BAND_POSITIONS = 2048
 #: ``bands`` applies up to this many pieces (each is one more convolution to compile)
 BAND_PIECES = 64
+#: the default policy takes ``bands`` from this many channels on both sides: there XLA CPU's
+#: weight-gradient convolution slows down 3-10x (2 CPUs, 4x56x56, 3x3: 32->32 ``direct``
+#: 2.5 ms, ``bands`` 3.2; 64->64 25 and 8.5), while with fewer channels ``bands``'s many
+#: small convolutions cost 1.3-5x ``direct``'s one (4->4, ResNeXt-50's groups: 1.4 ms
+#: against 0.47)
+BANDS_MIN_CHANNELS = 64
 
 
 def band_edges(plan: ConvPlan) -> list[tuple[int, int]]:
@@ -188,7 +194,7 @@ def _weights_grouped(plan: ConvPlan, precision, a, b):
     sub = plan.with_(groups=1, a_channels=ca_g, b_channels=cb_g)
     from ._choice import choose  # the inner problems are chosen like any other
 
-    inner = BACKWARD_WEIGHTS[choose("backward_weights", sub, precision)]
+    inner = BACKWARD_WEIGHTS[choose("backward_weights", sub, precision, repeats=g)]
     c = plan.channel_axis
     parts = [inner(sub, precision, lax.slice_in_dim(a, i * ca_g, (i + 1) * ca_g, axis=c),
                    lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=c)) for i in range(g)]
@@ -316,7 +322,8 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     dilated kernel is 3x slower); ungrouped plans with few input columns
     (:func:`~polyconv_jax._backward_data.narrow`) gather patches and multiply once
     (``patches_matmul``: 2.5x faster for a 3-D 1->64 k3 s2 gradient); 2-D plans without a
-    stride whose images have :data:`BAND_POSITIONS` output positions or more take ``bands``
+    stride whose images have :data:`BAND_POSITIONS` output positions or more and
+    :data:`BANDS_MIN_CHANNELS` channels on both sides take ``bands``
     (ResNet-50's 3x3 64->64 at 56x56 1.6x, U-Net's at 128x128 1.4x); everything else stays
     ``direct``.
     """
@@ -330,6 +337,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
         return "phases"
     if (plan.ndim == 2 and all(s == 1 for s in plan.strides)
             and math.prod(plan.b_spatial) >= BAND_POSITIONS
+            and min(plan.a_channels, plan.b_channels) >= BANDS_MIN_CHANNELS
             and weights_applicable(plan, "bands")):
         return "bands"
     return "direct"
