@@ -179,18 +179,17 @@ def _folded(plan: ConvPlan, precision, b, w):
 
 
 def _grouped(plan: ConvPlan, precision, b, w):
-    """One ungrouped backward_data per group (each by :func:`choose_backward_data`), joined
+    """One ungrouped backward_data per group (:func:`polyconv_jax._choice.per_group`), joined
     along the channel axis: group ``g`` reads channels ``[g*Cb/G, (g+1)*Cb/G)`` of ``b`` and
     rows ``[g*Cb/G, ..)`` of ``W`` and writes channels ``[g*Ca/G, ..)``. XLA's CPU grouped
     convolutions (``feature_group_count``) cost about as much as ungrouped ones; G separate
     products cost ``1/G`` each.
     """
     g = plan.groups
-    cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
-    sub = plan.with_(groups=1, b_channels=cb_g, a_channels=ca_g)
-    from ._choice import choose  # the inner problems are chosen like any other
+    cb_g = plan.b_channels // g
+    from ._choice import per_group  # (that module imports this one)
 
-    inner = BACKWARD_DATA[choose("backward_data", sub, precision, repeats=g)]
+    sub, inner = per_group("backward_data", plan, precision)
     parts = [inner(sub, precision,
                    lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=plan.channel_axis),
                    lax.slice_in_dim(w, i * cb_g, (i + 1) * cb_g, axis=plan.weights_perm[0]))

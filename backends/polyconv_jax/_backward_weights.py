@@ -187,14 +187,13 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
 
 
 def _weights_grouped(plan: ConvPlan, precision, a, b):
-    """One ungrouped backward_weights per group (each by :func:`choose_backward_weights`),
+    """One ungrouped backward_weights per group (:func:`polyconv_jax._choice.per_group`),
     joined along the weights' ``Cb`` axis (XLA's ``batch_group_count`` is slow on CPU)."""
     g = plan.groups
     ca_g, cb_g = plan.a_channels // g, plan.b_channels // g
-    sub = plan.with_(groups=1, a_channels=ca_g, b_channels=cb_g)
-    from ._choice import choose  # the inner problems are chosen like any other
+    from ._choice import per_group  # (that module imports this one)
 
-    inner = BACKWARD_WEIGHTS[choose("backward_weights", sub, precision, repeats=g)]
+    sub, inner = per_group("backward_weights", plan, precision)
     c = plan.channel_axis
     parts = [inner(sub, precision, lax.slice_in_dim(a, i * ca_g, (i + 1) * ca_g, axis=c),
                    lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=c)) for i in range(g)]

@@ -281,6 +281,16 @@ def choose(primitive: str, plan: ConvPlan, precision, repeats: int = 1) -> str:
     return _measured(primitive, plan, precision, names)
 
 
+def per_group(primitive: str, plan: ConvPlan, precision):
+    """A per-group lowering's inner problem: one group of ``plan`` as an ungrouped plan, and
+    the lowering that computes it, chosen as the ``G`` copies the program holds (:func:`choose`'s
+    ``repeats``)."""
+    g = plan.groups
+    sub = plan.with_(groups=1, a_channels=plan.a_channels // g,
+                     b_channels=plan.b_channels // g)
+    return sub, IMPLEMENTATIONS[primitive][choose(primitive, sub, precision, repeats=g)]
+
+
 # --------------------------------------------------------------------------------------------
 # measuring
 # --------------------------------------------------------------------------------------------
