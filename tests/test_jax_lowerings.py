@@ -617,6 +617,43 @@ def test_backward_weights_lowering_low_precision(lowering, ratio, dtype, monkeyp
     assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
 
 
+# channels-last depthwise weight gradients large enough to be summed in blocks of positions
+# (src spatial, src channels, groups, kernel, strides; "same" pads); a last one too small
+_DEPTHWISE_BLOCKED = (
+    ((32, 32), 6, 6, (3, 3), 1),          # 2048 positions: 2 reductions of 5 and 4 products
+    ((64, 64), 6, 3, (3, 3), 2),          # channel multiplier 2 in, strided: 18 products
+    ((1024,), 4, 4, (7,), 1),             # one spatial axis
+    ((16, 16, 10), 2, 2, (3, 3, 3), 1),   # 3-D: 27 products, 6 reductions
+    ((13, 11), 6, 6, (3, 3), 1),          # 2 * 11 * 9 positions: the whole-row reduction
+)
+
+
+@pytest.mark.parametrize(("spatial", "channels", "groups", "kernel", "strides"),
+                         _DEPTHWISE_BLOCKED)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_depthwise_weights_in_blocks_of_positions_match_the_oracle(spatial, channels, groups,
+                                                                   kernel, strides, dtype):
+    from oracle import random_array
+
+    rng = np.random.default_rng(23)
+    attrs = {"strides": strides, "pads_begin": 1 if kernel[0] == 3 else 3, "groups": groups,
+             "pads_end": 1 if kernel[0] == 3 else 3, "data_format": "NXC", "weights_format": "OIX"}
+    x = random_array(rng, (2, *spatial, channels), dtype)
+    w_shape = (groups, channels // groups, *kernel)        # one dst channel per group
+    plan = polyconv.infer_shape("Convolution", x.shape, w_shape, **attrs)
+    positions = 2 * math.prod(plan.shape[1:-1])
+    blocked = positions // _backward_weights.DEPTHWISE_BLOCK >= 256
+    assert blocked == (spatial != (13, 11))
+    assert not blocked or positions % _backward_weights.DEPTHWISE_BLOCK == 0
+    dy = random_array(rng, plan.shape, dtype)
+    with polyconv_jax.force_lowering(backward_weights="depthwise"):
+        y = polyconv.convolution_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
+                                                  **attrs)
+    assert y.dtype == np.dtype(x.dtype)
+    ref = reference("convolution_backward_weights", x, dy, weights_shape=w_shape, **attrs)
+    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+
 @pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)
 def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
     """The backward_weights lowerings give jax.grad's weights gradient (and are traceable

@@ -149,27 +149,44 @@ def _weights_phases(plan: ConvPlan, precision, a, b):
     return _taps_to_layout(plan, taps)
 
 
+#: channels-last depthwise weight gradients sum their products over blocks of this many
+#: consecutive positions first (see :func:`_weights_depthwise`)
+DEPTHWISE_BLOCK = 8
+#: ... in XLA reductions of at most this many products each
+DEPTHWISE_PRODUCTS_PER_REDUCE = 5
+
+
 def _weights_depthwise(plan: ConvPlan, precision, a, b):
     """One channel of ``b`` per group: ``dW[g, i, k] = sum_{n,y} a_k[n, y, g*Ca/G + i] b[n, y, g]``
     per tap ``k`` and channel ``i`` of a group, with no contraction over channels to make a
     matrix product of. The elementwise products of every tap and channel are summed over runs
-    of rows in one variadic XLA reduction, which reads each element of ``a`` and ``b`` once
-    for all taps (a reduction per tap reads them once per tap: 3-5x slower); then the partial
-    sums are summed. ``precision`` has no effect."""
+    of rows in variadic XLA reductions, each reading the elements of ``a`` and ``b`` once for
+    all its products (a reduction per product reads them once per product: 3-5x slower);
+    then the partial sums are summed. ``precision`` has no effect."""
     del precision
     ca_g = plan.a_channels // plan.groups
     acc = plan.acc_dtype
     window_of, y = windows(plan, a.astype(acc)), b.astype(acc)
     taps = list(itertools.product(*(range(k) for k in plan.kernel)))
-    # the rows, and which axes of them one reduction sums: channels-last data with two or
-    # more spatial axes as [N, Y.., X*G] summed over Y.. (per image and position of X: 2-4x
-    # faster in XLA CPU than [N*Y.., X, G] over N*Y.. on MobileNetV2's, ConvNeXt-T's and a
-    # 3-D depthwise layer, 2 CPUs; one spatial axis and channels-first data ran as fast or
-    # faster the other way), else [N, X, G] over N, or [N, G, Y.., X] over N and Y..; the
-    # rest is summed after
+    # the rows, and which axes of them one reduction sums. Channels-last data: blocks of
+    # DEPTHWISE_BLOCK consecutive positions, [P/8, 8, G] summed over the block, in reductions
+    # of at most DEPTHWISE_PRODUCTS_PER_REDUCE products (XLA CPU, 2 CPUs, against the whole
+    # rows below in one reduction: MobileNetV2's 3x3 layers 10-11 -> 3-5.5 ms, EfficientNet-B0's
+    # 5x5 7-8 -> 3.7-4.5, a conformer's 1-D k31 58 -> 8-10, a 3-D k3 1.9 -> 0.8, ConvNeXt-T's
+    # 7x7 as fast; blocks of 4, 7 or 16 positions, or one reduction of every product, ran up
+    # to 2-10x slower); where the positions do not split into 256 or more such blocks,
+    # [N, Y.., X*G] summed over Y.. (2-4x faster than [N*Y.., X, G] over N*Y..) or, with one
+    # spatial axis, [N, X, G] over N. Channels-first data: [N, G, Y.., X] over N and Y.., in
+    # one reduction (splitting it ran slower on three of five layers). The rest is summed
+    # after.
     front, last = math.prod(plan.b_spatial[:-1]), plan.b_spatial[-1]
     n, g = plan.batch, plan.groups
-    if plan.channels_last:
+    positions, block = n * front * last, DEPTHWISE_BLOCK
+    per_reduce = None
+    if plan.channels_last and positions % block == 0 and positions // block >= 256:
+        rows, summed = (positions // block, block, g), (1,)
+        per_reduce = DEPTHWISE_PRODUCTS_PER_REDUCE
+    elif plan.channels_last:
         rows, summed = ((n, front, last * g), (1,)) if front > 1 else ((n, last, g), (0,))
     elif front > 1:
         rows, summed = (n, g, front, last), (0, 2)
@@ -177,8 +194,12 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
         rows, summed = (n, g, last), (0,)
     products = tuple(_merge(group_channels(plan, window_of(k), i, ca_g, 1) * y, rows)
                      for k in taps for i in range(ca_g))
-    sums = lax.reduce(products, (jnp.zeros((), acc),) * len(products),
-                      lambda s, t: tuple(u + v for u, v in zip(s, t)), summed)
+    per_reduce = per_reduce or len(products)
+    sums = []
+    for j in range(0, len(products), per_reduce):
+        some = products[j:j + per_reduce]
+        sums += lax.reduce(some, (jnp.zeros((), acc),) * len(some),
+                           lambda s, t: tuple(u + v for u, v in zip(s, t)), summed)
     per_tap = jnp.stack([part.reshape(-1, g).sum(0) if plan.channels_last else part.sum(-1)
                          for part in sums])
     w = per_tap.reshape((*plan.kernel, ca_g, plan.groups))
