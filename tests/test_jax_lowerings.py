@@ -525,6 +525,52 @@ def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fm
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
+# channels-last forward problems whose taps read past the end of src, which the elementwise
+# lowering computes by regions of output rows on CPU: (src spatial, kernel, attributes)
+_REGIONS = (
+    ((9, 8), (3, 3), {"pads_begin": 1, "pads_end": 1}),
+    ((11, 10), (3, 2), {"strides": (2, 3), "pads_begin": (2, 0), "pads_end": (1, 3)}),
+    ((13,), (4,), {"dilations": 3, "pads_begin": 4, "pads_end": 5}),
+    ((6, 7, 5), (3, 3, 2), {"strides": (1, 2, 1), "pads_begin": (1, 2, 0), "pads_end": 1}),
+    ((5, 6), (2, 2), {"pads_begin": (3, 0), "pads_end": (0, 4)}),   # pads wider than the kernel
+    ((4, 4), (5, 5), {"pads_begin": 2, "pads_end": 2}),             # no row reads no zero
+)
+
+
+@pytest.mark.parametrize(("spatial", "kernel", "attrs"), _REGIONS)
+@pytest.mark.parametrize("channels", [3, 6])
+def test_forward_elementwise_by_regions_matches_the_oracle(spatial, kernel, attrs, channels,
+                                                           monkeypatch):
+    """The elementwise forward by regions of output rows (:func:`_forward.by_regions`): the
+    oracle's values, and a NaN or infinity in src reaching exactly the outputs that read it;
+    depthwise (3 groups of 1) and 2 channels per group, with a channel multiplier."""
+    rng = np.random.default_rng(29)
+    jax.clear_caches()                  # the regions are taken when a program is traced
+    calls = []
+    monkeypatch.setattr(_forward, "by_regions",
+                        lambda *args, by=_forward.by_regions: calls.append(1) or by(*args))
+    attrs = {**attrs, "groups": 3, "data_format": "NXC", "weights_format": "OIX"}
+    x = rng.uniform(-1, 1, (2, *spatial, channels))
+    w = rng.uniform(0.5, 1, (6, channels // 3, *kernel))
+    ref = reference("convolution", x, w, **attrs)
+    with polyconv_jax.force_lowering(forward="elementwise"):
+        y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), **attrs)
+    assert calls, "the regions were not taken"
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
+    point = (1, *(n // 2 for n in spatial), channels - 1)
+    for corner in (point, (1, *(n - 1 for n in spatial), 0)):
+        one = np.zeros_like(x)
+        one[corner] = 1.0
+        hit = reference("convolution", one, w, **attrs).y != 0
+        for value in (np.nan, np.inf):
+            poisoned = x.copy()
+            poisoned[corner] = value
+            with polyconv_jax.force_lowering(forward="elementwise"):
+                y = np.asarray(polyconv.convolution(jnp.asarray(poisoned), jnp.asarray(w),
+                                                    **attrs))
+            assert np.array_equal(~np.isfinite(y), hit), (corner, value)
+
+
 @pytest.mark.parametrize("lowering", FORWARD_LOWERINGS)
 @pytest.mark.parametrize("fmt", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
