@@ -539,35 +539,46 @@ _REGIONS = (
 
 @pytest.mark.parametrize(("spatial", "kernel", "attrs"), _REGIONS)
 @pytest.mark.parametrize("channels", [3, 6])
-def test_forward_elementwise_by_regions_matches_the_oracle(spatial, kernel, attrs, channels,
-                                                           monkeypatch):
-    """The elementwise forward by regions of output rows (:func:`_forward.by_regions`): the
-    oracle's values, and a NaN or infinity in src reaching exactly the outputs that read it;
-    depthwise (3 groups of 1) and 2 channels per group, with a channel multiplier."""
+@pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
+def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, channels,
+                                                   monkeypatch):
+    """The elementwise forward by regions of output rows (:func:`_forward.by_regions`), and
+    the stride-1 elementwise backward_data through it (a ConvTranspose, as the forward
+    convolution of its flipped, transposed kernel): the oracle's values, and a NaN or
+    infinity in src reaching exactly the outputs that read it; depthwise (3 groups of 1) and
+    2 channels per group, with a channel multiplier."""
+    if op == "conv_transpose" and set(attrs.get("strides", (1,))) != {1}:
+        pytest.skip("strided backward_data is computed by phases")
     rng = np.random.default_rng(29)
     jax.clear_caches()                  # the regions are taken when a program is traced
     calls = []
     monkeypatch.setattr(_forward, "by_regions",
                         lambda *args, by=_forward.by_regions: calls.append(1) or by(*args))
-    attrs = {**attrs, "groups": 3, "data_format": "NXC", "weights_format": "OIX"}
+    # conv_transpose: IOX weights [IC, OC/G, K..], its IC is the channels of its src
+    attrs = {**attrs, "groups": 3, "data_format": "NXC",
+             "weights_format": "OIX" if op == "convolution" else "IOX"}
     x = rng.uniform(-1, 1, (2, *spatial, channels))
-    w = rng.uniform(0.5, 1, (6, channels // 3, *kernel))
-    ref = reference("convolution", x, w, **attrs)
-    with polyconv_jax.force_lowering(forward="elementwise"):
-        y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), **attrs)
-    assert calls, "the regions were not taken"
+    w = rng.uniform(0.5, 1, (channels, 2, *kernel) if op == "conv_transpose"
+                    else (6, channels // 3, *kernel))
+    primitive = "forward" if op == "convolution" else "backward_data"
+    ref = reference(op, x, w, **attrs)
+    with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
+        y = getattr(polyconv, op)(jnp.asarray(x), jnp.asarray(w), **attrs)
+    # a ConvTranspose whose pads are wider than its kernel computes by phases
+    wide = op == "conv_transpose" and spatial == (5, 6)
+    assert bool(calls) != wide, "the regions were not taken where they apply"
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
     point = (1, *(n // 2 for n in spatial), channels - 1)
     for corner in (point, (1, *(n - 1 for n in spatial), 0)):
         one = np.zeros_like(x)
         one[corner] = 1.0
-        hit = reference("convolution", one, w, **attrs).y != 0
+        hit = reference(op, one, w, **attrs).y != 0
         for value in (np.nan, np.inf):
             poisoned = x.copy()
             poisoned[corner] = value
-            with polyconv_jax.force_lowering(forward="elementwise"):
-                y = np.asarray(polyconv.convolution(jnp.asarray(poisoned), jnp.asarray(w),
-                                                    **attrs))
+            with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
+                y = np.asarray(getattr(polyconv, op)(jnp.asarray(poisoned), jnp.asarray(w),
+                                                     **attrs))
             assert np.array_equal(~np.isfinite(y), hit), (corner, value)
 
 
