@@ -547,7 +547,8 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
     convolution of its flipped, transposed kernel): the oracle's values, and a NaN or
     infinity in src reaching exactly the outputs that read it; depthwise (3 groups of 1) and
     2 channels per group, with a channel multiplier."""
-    if op == "conv_transpose" and set(attrs.get("strides", (1,))) != {1}:
+    strided = set(np.ravel(attrs.get("strides", 1))) != {1}
+    if op == "conv_transpose" and strided:
         pytest.skip("strided backward_data is computed by phases")
     rng = np.random.default_rng(29)
     jax.clear_caches()                  # the regions are taken when a program is traced
@@ -564,9 +565,10 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
     ref = reference(op, x, w, **attrs)
     with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
         y = getattr(polyconv, op)(jnp.asarray(x), jnp.asarray(w), **attrs)
-    # a ConvTranspose whose pads are wider than its kernel computes by phases
-    wide = op == "conv_transpose" and spatial == (5, 6)
-    assert bool(calls) != wide, "the regions were not taken where they apply"
+    # strided convolutions keep the whole output; a ConvTranspose whose pads are wider than
+    # its kernel computes by phases
+    whole = strided or (op == "conv_transpose" and spatial == (5, 6))
+    assert bool(calls) != whole, "the regions were not taken where they apply"
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
     point = (1, *(n // 2 for n in spatial), channels - 1)
     for corner in (point, (1, *(n - 1 for n in spatial), 0)):
@@ -580,6 +582,25 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
                 y = np.asarray(getattr(polyconv, op)(jnp.asarray(poisoned), jnp.asarray(w),
                                                      **attrs))
             assert np.array_equal(~np.isfinite(y), hit), (corner, value)
+
+
+@pytest.mark.parametrize(("spatial", "kernel", "attrs"), _REGIONS)
+def test_by_regions_computes_any_geometry(spatial, kernel, attrs):
+    """:func:`_forward.by_regions` itself, strided geometries included (which the default
+    lowering computes whole): the oracle's values."""
+    import dataclasses
+    from functools import partial
+
+    rng = np.random.default_rng(31)
+    attrs = {**attrs, "groups": 3, "data_format": "NXC", "weights_format": "OIX"}
+    x = rng.uniform(-1, 1, (2, *spatial, 3))
+    w = rng.uniform(-1, 1, (6, 1, *kernel))
+    plan = dataclasses.replace(polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs),
+                               dtype="float64")
+    terms = partial(_forward._elementwise_terms, precision=None, w=jnp.asarray(w))
+    y = jax.jit(lambda a: _forward.by_regions(plan, a, terms))(jnp.asarray(x))
+    ref = reference("convolution", x, w, **attrs)
+    assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
 @pytest.mark.parametrize("lowering", FORWARD_LOWERINGS)

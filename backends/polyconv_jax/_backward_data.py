@@ -21,11 +21,11 @@ from polyconv import ConvPlan
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
     GROUPED_MAX_GROUPS,
-    _forward_elementwise,
     channel_vector,
     few_per_group,
     fold_first_axis,
     folded_conv,
+    forward_elementwise,
     group_channels,
     sum_by_first_tap,
     taps_first,
@@ -67,13 +67,13 @@ def _direct(plan: ConvPlan, precision, b, w):
 def _stride_one_as_forward(plan: ConvPlan, w):
     """A stride-1 backward_data as the forward convolution of ``b`` that computes it: each
     group's kernel transposed (``[Ca, Cb/G, K..]``, canonical) and flipped, pads
-    ``ek - 1 - pb`` before and ``A - B + ek - 1 - (ek - 1 - pb)`` after, the same taps
-    and products. Its plan and weights, or ``None`` where a pad would be negative (pads
-    wider than the kernel)."""
+    ``ek - 1 - pb`` before and ``A - B + pb`` (``ek - 1 - pe``, plus any output padding)
+    after: the same taps and products. Its plan and weights, or ``None`` where a pad would
+    be negative (pads wider than the kernel)."""
     nd, g = plan.ndim, plan.groups
     before = tuple(e - 1 - p for e, p in zip(plan.effective_kernel, plan.pads_begin))
-    after = tuple(size - rows + e - 1 - q for size, rows, e, q in zip(
-        plan.a_spatial, plan.b_spatial, plan.effective_kernel, before))
+    after = tuple(size - rows + p for size, rows, p in zip(
+        plan.a_spatial, plan.b_spatial, plan.pads_begin))
     if min(before + after) < 0:
         return None
     cb_g, ca_g = plan.b_channels // g, plan.a_channels // g
@@ -100,7 +100,7 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     if as_forward is None:
         return _elementwise_phases(plan, precision, b, w)
     forward, wc = as_forward
-    return _forward_elementwise(forward, precision, b, wc)
+    return forward_elementwise(forward, precision, b, wc)
 
 
 def _elementwise_phases(plan: ConvPlan, precision, b, w):

@@ -150,15 +150,17 @@ def sum_by_first_tap(terms):
     return total
 
 
-def _forward_elementwise(plan: ConvPlan, precision, a, w):
-    """:func:`_elementwise_terms` of the whole output or, for channels-last data on CPU
-    where the taps read past the end of ``a`` (where :func:`windows` pads a copy of it),
-    :func:`by_regions`: one loop for the outputs whose taps all read inside ``a``, with no
-    padded copy. 2 CPUs, against the whole output: MobileNetV2's stride-1 3x3 forward
-    3.6-3.9 ms -> 1.8, ConvNeXt-T's 7x7 6.5 -> 6.0, a conformer's 1-D k31 5.5 -> 4.3, 1-D k3
-    27 -> 14, ResNeXt-50's 3x3 of 4 channels per group 4.5 -> 4.6-4.9 (the one loss);
-    channels-first data ran 1.7x slower (the regions split its vectorized minor axis)."""
-    if plan.channels_last and reads_past_end(plan) and jax.default_backend() == "cpu":
+def forward_elementwise(plan: ConvPlan, precision, a, w):
+    """:func:`_elementwise_terms` of the whole output or, for channels-last data, stride 1
+    and taps that read past the end of ``a`` (where :func:`windows` pads a copy of it), on
+    CPU, :func:`by_regions`: one loop for the outputs whose taps all read inside ``a``, with
+    no padded copy. 2 CPUs, against the whole output: MobileNetV2's 3x3 forward 3.6-3.9 ms
+    -> 1.8, ConvNeXt-T's 7x7 6.5 -> 6.0, a conformer's 1-D k31 5.5 -> 4.3, 1-D k3 27 -> 14,
+    ResNeXt-50's 3x3 of 4 channels per group 4.5 -> 4.6-4.9 (the one loss at stride 1).
+    Strided, EfficientNet-B0's 5x5 ran 1.7-1.8 -> 2.0 (its copy is of the larger side), and
+    channels-first data 1.7x slower (the regions split its vectorized minor axis)."""
+    if (plan.channels_last and set(plan.strides) == {1} and reads_past_end(plan)
+            and jax.default_backend() == "cpu"):
         return by_regions(plan, a, partial(_elementwise_terms, precision=precision, w=w))
     return _elementwise_terms(plan, a, precision=precision, w=w)
 
@@ -432,7 +434,7 @@ def few_per_group(plan: ConvPlan, channels: int) -> bool:
     return plan.groups > 1 and channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS
 
 #: the forward lowerings, by name; the first is the plain one
-FORWARD = {"direct": _conv, "elementwise": _forward_elementwise,
+FORWARD = {"direct": _conv, "elementwise": forward_elementwise,
            "patches_matmul": _forward_patches, "folded": _forward_folded}
 
 
