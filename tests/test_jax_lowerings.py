@@ -525,8 +525,9 @@ def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fm
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
-# channels-last forward problems whose taps read past the end of src, which the elementwise
-# lowering computes by regions of output rows on CPU: (src spatial, kernel, attributes)
+# channels-last forward problems whose taps read past the end of src: (src spatial, kernel,
+# attributes). On CPU the elementwise lowering computes the stride-1 ones by regions of output
+# rows, the strided ones whole; test_by_regions_computes_any_geometry splits them all.
 _REGIONS = (
     ((9, 8), (3, 3), {"pads_begin": 1, "pads_end": 1}),
     ((11, 10), (3, 2), {"strides": (2, 3), "pads_begin": (2, 0), "pads_end": (1, 3)}),
@@ -711,6 +712,9 @@ _DEPTHWISE_BLOCKED = (
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_depthwise_weights_in_blocks_of_positions_match_the_oracle(spatial, channels, groups,
                                                                    kernel, strides, dtype):
+    """The depthwise weight gradient summed in blocks of positions, in reductions of a few
+    products each (the grid's small problems take the whole-row reduction): the oracle's
+    values, in float32 and bfloat16, one, two and three spatial axes."""
     from oracle import random_array
 
     rng = np.random.default_rng(23)
