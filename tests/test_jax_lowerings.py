@@ -589,15 +589,13 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
 def test_by_regions_computes_any_geometry(spatial, kernel, attrs):
     """:func:`_forward.by_regions` itself, strided geometries included (which the default
     lowering computes whole): the oracle's values."""
-    import dataclasses
     from functools import partial
 
     rng = np.random.default_rng(31)
     attrs = {**attrs, "groups": 3, "data_format": "NXC", "weights_format": "OIX"}
     x = rng.uniform(-1, 1, (2, *spatial, 3))
     w = rng.uniform(-1, 1, (6, 1, *kernel))
-    plan = dataclasses.replace(polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs),
-                               dtype="float64")
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).with_(dtype="float64")
     terms = partial(_forward._elementwise_terms, precision=None, w=jnp.asarray(w))
     y = jax.jit(lambda a: _forward.by_regions(plan, a, terms))(jnp.asarray(x))
     ref = reference("convolution", x, w, **attrs)

@@ -8,11 +8,9 @@ Notation and the measurements behind the policy: the docs page "JAX lowerings".
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -27,6 +25,7 @@ from ._forward import (
     folded_conv,
     forward_elementwise,
     group_channels,
+    splits_by_regions,
     sum_by_first_tap,
     taps_first,
     unfold,
@@ -80,8 +79,8 @@ def _stride_one_as_forward(plan: ConvPlan, w):
     wc = w.transpose(plan.weights_perm).reshape((g, cb_g, ca_g, *plan.kernel))
     wc = jnp.swapaxes(wc, 1, 2).reshape((plan.a_channels, cb_g, *plan.kernel))
     wc = jnp.flip(wc, axis=tuple(range(2, nd + 2)))
-    forward = dataclasses.replace(
-        plan, primitive="forward", a_channels=plan.b_channels, b_channels=plan.a_channels,
+    forward = plan.with_(
+        primitive="forward", a_channels=plan.b_channels, b_channels=plan.a_channels,
         a_spatial=plan.b_spatial, b_spatial=plan.a_spatial, pads_begin=before,
         pads_end=after, output_padding=(0,) * nd, weights_perm=tuple(range(nd + 2)))
     return forward, wc
@@ -93,10 +92,7 @@ def _elementwise(plan: ConvPlan, precision, b, w):
     regions (:func:`polyconv_jax._forward.by_regions`) instead of padding a copy of ``b``:
     MobileNetV2's stride-1 3x3 input gradient (2 CPUs) 3.6-3.8 ms -> 2.0, ConvNeXt-T's
     7x7 6.2 -> 5.6."""
-    as_forward = None
-    if (plan.channels_last and set(plan.strides) == {1}
-            and jax.default_backend() == "cpu"):
-        as_forward = _stride_one_as_forward(plan, w)
+    as_forward = _stride_one_as_forward(plan, w) if splits_by_regions(plan) else None
     if as_forward is None:
         return _elementwise_phases(plan, precision, b, w)
     forward, wc = as_forward

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -159,10 +158,17 @@ def forward_elementwise(plan: ConvPlan, precision, a, w):
     ResNeXt-50's 3x3 of 4 channels per group 4.5 -> 4.6-4.9 (the one loss at stride 1).
     Strided, EfficientNet-B0's 5x5 ran 1.7-1.8 -> 2.0 (its copy is of the larger side), and
     channels-first data 1.7x slower (the regions split its vectorized minor axis)."""
-    if (plan.channels_last and set(plan.strides) == {1} and reads_past_end(plan)
-            and jax.default_backend() == "cpu"):
+    if splits_by_regions(plan) and reads_past_end(plan):
         return by_regions(plan, a, partial(_elementwise_terms, precision=precision, w=w))
     return _elementwise_terms(plan, a, precision=precision, w=w)
+
+
+def splits_by_regions(plan: ConvPlan) -> bool:
+    """Whether the elementwise lowerings compute ``plan`` by regions of output rows
+    (:func:`by_regions`) where a padded copy would be read: channels-last data, stride 1,
+    on CPU (the measurements of :func:`forward_elementwise`)."""
+    return (plan.channels_last and set(plan.strides) == {1}
+            and jax.default_backend() == "cpu")
 
 
 def _region(plan: ConvPlan, a, axis: int, o0: int, o1: int):
@@ -178,8 +184,8 @@ def _region(plan: ConvPlan, a, axis: int, o0: int, o1: int):
     def put(values, value):
         return (*values[:axis], value, *values[axis + 1:])
 
-    sub = dataclasses.replace(
-        plan, a_spatial=put(plan.a_spatial, r1 - r0), b_spatial=put(plan.b_spatial, o1 - o0),
+    sub = plan.with_(
+        a_spatial=put(plan.a_spatial, r1 - r0), b_spatial=put(plan.b_spatial, o1 - o0),
         pads_begin=put(plan.pads_begin, r0 - first), pads_end=put(plan.pads_end, last + 1 - r1),
         output_padding=put(plan.output_padding, 0))
     return sub, lax.slice_in_dim(a, r0, r1, axis=plan.spatial_axes[axis])
@@ -193,8 +199,8 @@ def _padded(plan: ConvPlan, a):
     padded = pad_large(plan, a)
     sizes = tuple(padded.shape[ax] for ax in plan.spatial_axes)
     zeros = (0,) * plan.ndim
-    return dataclasses.replace(plan, a_spatial=sizes, pads_begin=zeros, pads_end=zeros,
-                               output_padding=zeros), padded
+    return plan.with_(a_spatial=sizes, pads_begin=zeros, pads_end=zeros,
+                      output_padding=zeros), padded
 
 
 def by_regions(plan: ConvPlan, a, compute, axis: int = 0):
