@@ -109,6 +109,25 @@ def test_per_group_lowerings_are_candidates_up_to_their_bound(groups):
         assert _choice.policy(primitive, plan, platform="cpu") in names
 
 
+@pytest.mark.parametrize(("spatial", "strides", "measured"), [
+    ((9, 9), 1, set()),                                              # 2-D: never
+    ((6, 9, 9), 1, {"forward", "backward_data", "backward_weights"}),
+    ((6, 9, 9), (2, 1, 1), {"forward", "backward_data", "backward_weights"}),
+    ((6, 9, 9), 2, {"forward", "backward_weights"}),    # lhs-dilated inner problems
+])
+def test_sliced_lowerings_are_measured_for_3d_plans(spatial, strides, measured):
+    """The ``sliced`` lowerings (one convolution of rank ``nd - 1`` per tap of the first
+    axis) compute every plan, and are measured where they stand in for XLA CPU's 3-D
+    convolution: 3-D plans, for backward_data only without a stride past the first axis."""
+    kernel = (3,) * len(spatial)
+    plan = polyconv.infer_shape("Convolution", (2, *spatial, 4), (*kernel, 4, 8),
+                                strides=strides, pads_begin=1, pads_end=1)
+    for primitive in ("forward", "backward_data", "backward_weights"):
+        assert _choice.is_applicable(primitive, plan, "sliced")
+        names = _choice.candidates(primitive, plan, platform="cpu")
+        assert ("sliced" in names) == (primitive in measured), (primitive, names)
+
+
 def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({}, calls))

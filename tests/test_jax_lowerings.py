@@ -734,6 +734,40 @@ def test_depthwise_weights_in_blocks_of_positions_match_the_oracle(spatial, chan
     assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
 
 
+@pytest.mark.parametrize(("fmt", "strides", "positions", "max_pieces", "chunks"), [
+    ("NXC", 1, 3 * 12, 64, [3, 3, 3, 1]),       # 3 images of 4x3 per piece, the last short
+    ("NCX", (2, 1, 1), 12, 64, [1] * 6),        # one image each
+    ("NXC", 1, 12, 6, [5, 5]),                  # at most 6 pieces in all: 2 per tap, larger
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sliced_weights_in_pieces_match_the_oracle(fmt, strides, positions, max_pieces,
+                                                   chunks, dtype, monkeypatch):
+    """The ``sliced`` weight gradient cuts each tap's merged batch into pieces (the grid's
+    small problems take one): the oracle's values, with pieces of one and several images,
+    a short last piece, and pieces grown to keep their count within the bound."""
+    from oracle import random_array
+
+    monkeypatch.setattr(_backward_weights, "SLICE_PIECE_POSITIONS", positions)
+    monkeypatch.setattr(_backward_weights, "SLICE_MAX_PIECES", max_pieces)
+    rng = np.random.default_rng(29)
+    attrs = {"strides": strides, "pads_begin": (1, 0, 1), "pads_end": (0, 1, 1),
+             "dilations": (1, 2, 1), "data_format": fmt, "weights_format": "OIX"}
+    spatial = (6, 5, 3)             # outputs: 5 or 3 rows of 4x3 images
+    x = random_array(rng, (2, *spatial, 3) if fmt == "NXC" else (2, 3, *spatial), dtype)
+    w_shape = (4, 3, 3, 2, 3)
+    plan = polyconv.infer_shape("Convolution", x.shape, w_shape, **attrs)
+    images = 2 * plan.b_spatial[0]
+    chunk = _backward_weights.slice_chunk(plan)
+    assert [min(chunk, images - i) for i in range(0, images, chunk)] == chunks
+    dy = random_array(rng, plan.shape, dtype)
+    with polyconv_jax.force_lowering(backward_weights="sliced"):
+        y = polyconv.convolution_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
+                                                  **attrs)
+    assert y.dtype == np.dtype(x.dtype)
+    ref = reference("convolution_backward_weights", x, dy, weights_shape=w_shape, **attrs)
+    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+
 @pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)
 def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
     """The backward_weights lowerings give jax.grad's weights gradient (and are traceable

@@ -196,7 +196,11 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     plain convolution either way, so its measurement picks by noise (the U-Net's 3x3 64->64
     at 128x128: measured 5% faster and taken, it then ran 21.2 ms against 19.5 for ``direct``
     alternated in one process, 1.29x the ``lax`` call in the corpus's rounds); with three
-    axes it halves XLA CPU's 3-D convolution and is measured. On GPU the im2col
+    axes it halves XLA CPU's 3-D convolution and is measured. The ``sliced`` lowerings
+    (convolutions of rank ``nd - 1``, one per tap of the first axis) are measured for 3-D and
+    up only, where they stand in for XLA CPU's 3-D convolution; a backward_data's only
+    without a stride past the first axis (its inner problems would be lhs-dilated
+    convolutions, XLA CPU's slow path). On GPU the im2col
     lowerings are not applicable where XLA GPU may abort compiling them
     (:func:`is_applicable`)."""
     platform = platform or jax.default_backend()
@@ -211,6 +215,8 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     if platform == "cpu" and (plan.groups > 1 or (
             primitive == "forward" and not plan.channels_last and plan.ndim <= 2)):
         out = [name for name in out if name != "folded"]
+    if plan.ndim < 3 or (primitive == "backward_data" and set(plan.strides[1:]) != {1}):
+        out = [name for name in out if name != "sliced"]
     first = policy(primitive, plan, platform)
     return sorted(out, key=lambda name: name != first)
 
