@@ -118,7 +118,8 @@ def test_per_group_lowerings_are_candidates_up_to_their_bound(groups):
 def test_sliced_lowerings_are_measured_for_3d_plans(spatial, strides, measured):
     """The ``sliced`` lowerings (one convolution of rank ``nd - 1`` per tap of the first
     axis) compute every plan, and are measured where they stand in for XLA CPU's 3-D
-    convolution: 3-D plans, for backward_data only without a stride past the first axis."""
+    convolution: 3-D plans, for backward_data only without a stride past the first axis;
+    the CPU policy takes them without a stride."""
     kernel = (3,) * len(spatial)
     plan = polyconv.infer_shape("Convolution", (2, *spatial, 4), (*kernel, 4, 8),
                                 strides=strides, pads_begin=1, pads_end=1)
@@ -126,6 +127,10 @@ def test_sliced_lowerings_are_measured_for_3d_plans(spatial, strides, measured):
         assert _choice.is_applicable(primitive, plan, "sliced")
         names = _choice.candidates(primitive, plan, platform="cpu")
         assert ("sliced" in names) == (primitive in measured), (primitive, names)
+        # the CPU policy takes them for ungrouped 3-D plans without a stride
+        chosen = _choice.policy(primitive, plan, "cpu")
+        assert (chosen == "sliced") == (len(spatial) == 3 and strides == 1), chosen
+        assert _choice.policy(primitive, plan, "gpu") != "sliced"
 
 
 def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):

@@ -366,6 +366,8 @@ def test_default_lowering_choice():
         return polyconv.infer_shape("ConvTranspose", src, w, **attrs)
 
     assert choose(plan((8, 32, 32, 64), (3, 3, 64, 64))) == "direct"          # no stride
+    assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 32, 32))) == "sliced"   # 3-D: 2-D ones
+    assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 8, 32), groups=4)) == "direct"
     assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), strides=2, groups=64)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), groups=64)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 2, 64), strides=2, groups=16)) == "elementwise"
@@ -388,8 +390,10 @@ def test_default_lowering_choice():
         choice = choose(grid_plan)
         assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(grid_plan)
         few_per_group = grid_plan.groups > 1 and grid_plan.b_channels // grid_plan.groups <= 4
-        assert (choice == "direct") == (all(s == 1 for s in grid_plan.strides)
-                                        and not few_per_group)
+        stride_one = all(s == 1 for s in grid_plan.strides) and not few_per_group
+        sliced = stride_one and nd == 3 and grid_plan.groups == 1     # 2-D convolutions
+        assert (choice, choice == "direct") == ("sliced" if sliced else choice,
+                                                stride_one and not sliced)
 
 
 # --------------------------------------------------------------------------------------------
@@ -454,6 +458,11 @@ def test_default_backward_weights_choice():
     assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "depthwise"
     assert choose(plan((8, 56, 56, 64), (3, 3, 8, 64), groups=8)) == "grouped"
     assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases"
+    # 3-D without a stride: per tap of the first axis, 2-D weight gradients in pieces
+    assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32), pads_begin=1,
+                       pads_end=1)) == "sliced"
+    assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 8, 32), pads_begin=1, pads_end=1,
+                       groups=4)) == "grouped"
     # more pieces than a program should hold: not applicable
     big = plan((64, 64, 64, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)
     assert not _backward_weights.weights_applicable(big, "bands")

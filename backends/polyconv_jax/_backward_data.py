@@ -27,6 +27,7 @@ from ._forward import (
     group_channels,
     merge_first_axis,
     slice_plan,
+    slices,
     split_first_axis,
     splits_by_regions,
     sum_by_first_tap,
@@ -402,7 +403,8 @@ def choose_backward_data(plan: ConvPlan) -> str:
     1. Groups with at most 4 input channels each (depthwise: 1, any channel multiplier):
        ``elementwise``, with or without a stride (XLA CPU's grouped convolutions are a slow
        path: 40x for a stride-1 depthwise 3x3).
-    2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution).
+    2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution); ``sliced``
+       where :func:`~polyconv_jax._forward.slices` (3-D: 2-D convolutions, 2.5-3.5x).
        Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
     3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
        up to :data:`~polyconv_jax._forward.GROUPED_MAX_GROUPS` groups, else
@@ -422,7 +424,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
     if few_per_group(plan, plan.b_channels):
         return "elementwise"
     if all(s == 1 for s in plan.strides):
-        return "direct"
+        return "sliced" if slices(plan) else "direct"
     if narrow(plan):
         return "matmul_overlap_add"
     if g > 1:

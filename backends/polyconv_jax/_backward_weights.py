@@ -26,6 +26,7 @@ from ._forward import (
     patches_fit,
     read_pads,
     slice_plan,
+    slices,
     windows,
 )
 from ._subpixel import _phases
@@ -387,7 +388,8 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     (``depthwise``); strided 3-D plans use ``phases`` (XLA's 3-D weight gradient with a
     dilated kernel is 3x slower); ungrouped plans with few input columns
     (:func:`~polyconv_jax._backward_data.narrow`) gather patches and multiply once
-    (``patches_matmul``: 2.5x faster for a 3-D 1->64 k3 s2 gradient); 2-D plans without a
+    (``patches_matmul``: 2.5x faster for a 3-D 1->64 k3 s2 gradient); ungrouped 3-D plans
+    without a stride take ``sliced`` (3-4x faster than ``direct``); 2-D plans without a
     stride whose images have :data:`BAND_POSITIONS` output positions or more and
     :data:`BANDS_MIN_CHANNELS` channels on both sides take ``bands``
     (ResNet-50's 3x3 64->64 at 56x56 1.6x, U-Net's at 128x128 1.4x); everything else stays
@@ -401,6 +403,8 @@ def choose_backward_weights(plan: ConvPlan) -> str:
         return "grouped" if plan.groups <= GROUPED_MAX_GROUPS else "direct"
     if plan.ndim >= 3 and any(s > 1 for s in plan.strides):
         return "phases"
+    if slices(plan):
+        return "sliced"
     if (plan.ndim == 2 and all(s == 1 for s in plan.strides)
             and math.prod(plan.b_spatial) >= BAND_POSITIONS
             and min(plan.a_channels, plan.b_channels) >= BANDS_MIN_CHANNELS

@@ -528,16 +528,22 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
     return lowering in FORWARD
 
 
+def slices(plan: ConvPlan) -> bool:
+    """Whether the CPU policies take the ``sliced`` lowerings: ungrouped plans of 3-D and up
+    without a stride (the conv blocks of a 3-D U-Net)."""
+    return plan.ndim >= 3 and plan.groups == 1 and set(plan.strides) == {1}
+
+
 def choose_forward(plan: ConvPlan) -> str:
     """The default forward lowering on CPU: ``elementwise`` for groups with at most
     :data:`ELEMENTWISE_POLICY_CHANNELS` input channels each (XLA CPU's grouped convolution
     is a slow path: 40x for a depthwise 3x3, 6x more with a stride), ``patches_matmul`` for
     ungrouped ones with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
-    more: 3-D 1->64 k3 s2, 3x), else ``direct``."""
+    more: 3-D 1->64 k3 s2, 3x), ``sliced`` where :func:`slices` (3-4x), else ``direct``."""
     if few_per_group(plan, plan.a_channels):
         return "elementwise"
     from ._backward_data import narrow  # (that module imports this one)
 
     if narrow(plan) and patches_fit(plan):
         return "patches_matmul"
-    return "direct"
+    return "sliced" if slices(plan) else "direct"
