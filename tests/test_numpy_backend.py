@@ -10,6 +10,8 @@ of the exact and overlap strategies alike.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from oracle import assert_within_bound, numpy_dtype, reference
@@ -548,3 +550,25 @@ def test_channels_first_gather_by_blocks_matches_the_oracle(monkeypatch, op, spa
             ref = reference(op, x, g, weights_shape=w.shape, **attrs)
     assert y.shape == ref.shape
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+
+
+@pytest.mark.parametrize(("of", "row_bytes", "budget"), [
+    (1000, 3456, 1 << 21),             # small: the base budget
+    (131072, 3456, 1 << 23),           # nnU-Net's 3x3x3 32->32: up to the large budget
+    (40000, 3456, 40000 * 3456 // 32),  # in between: a 32nd of everything gathered
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gather_blocks_grow_with_the_problem_within_the_bound(of, row_bytes, budget, threads):
+    """The gathered blocks cover their rows once, in order, and the threads' blocks together
+    hold at most the budget: the base one, or a 32nd of the whole gather up to the large
+    one (within the memory bound up to 64 taps)."""
+    from polyconv_numpy import _fast
+
+    share = of // threads
+    for t in range(threads):
+        lo, hi = t * share, (t + 1) * share if t < threads - 1 else of
+        blocks = list(_fast._blocks(lo, hi, row_bytes, _fast._GROUPED_BLOCK_BYTES, of))
+        assert blocks[0][0] == lo and blocks[-1][1] == hi
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
+        step = blocks[0][1] - blocks[0][0]
+        assert step == max(256, budget * (hi - lo) // of // row_bytes)
