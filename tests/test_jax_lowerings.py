@@ -28,7 +28,14 @@ from jax_grid import (  # noqa: E402
     _weights,
 )
 from oracle import assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _backward_data, _backward_weights, _choice, _forward, _xla  # noqa: E402
+from polyconv_jax import (  # noqa: E402
+    _backward_data,
+    _backward_weights,
+    _choice,
+    _forward,
+    _sliced,
+    _xla,
+)
 
 import polyconv  # noqa: E402
 
@@ -756,8 +763,8 @@ def test_sliced_weights_in_pieces_match_the_oracle(fmt, strides, positions, max_
     a short last piece, and pieces grown to keep their count within the bound."""
     from oracle import random_array
 
-    monkeypatch.setattr(_backward_weights, "SLICE_PIECE_POSITIONS", positions)
-    monkeypatch.setattr(_backward_weights, "SLICE_MAX_PIECES", max_pieces)
+    monkeypatch.setattr(_sliced, "SLICE_PIECE_POSITIONS", positions)
+    monkeypatch.setattr(_sliced, "SLICE_MAX_PIECES", max_pieces)
     rng = np.random.default_rng(29)
     attrs = {"strides": strides, "pads_begin": (1, 0, 1), "pads_end": (0, 1, 1),
              "dilations": (1, 2, 1), "data_format": fmt, "weights_format": "OIX"}
@@ -766,7 +773,7 @@ def test_sliced_weights_in_pieces_match_the_oracle(fmt, strides, positions, max_
     w_shape = (4, 3, 3, 2, 3)
     plan = polyconv.infer_shape("Convolution", x.shape, w_shape, **attrs)
     images = 2 * plan.b_spatial[0]
-    chunk = _backward_weights.slice_chunk(plan)
+    chunk = _sliced.slice_chunk(plan)
     assert [min(chunk, images - i) for i in range(0, images, chunk)] == chunks
     dy = random_array(rng, plan.shape, dtype)
     with polyconv_jax.force_lowering(backward_weights="sliced"):

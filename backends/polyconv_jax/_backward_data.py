@@ -16,6 +16,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
+from . import _sliced
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
     GROUPED_MAX_GROUPS,
@@ -25,13 +26,8 @@ from ._forward import (
     folded_conv,
     forward_elementwise,
     group_channels,
-    merge_first_axis,
-    slice_plan,
-    slices,
-    split_first_axis,
     splits_by_regions,
     sum_by_first_tap,
-    tap_kernel,
     taps_first,
     unfold,
 )
@@ -102,34 +98,6 @@ def _elementwise(plan: ConvPlan, precision, b, w):
         return _elementwise_phases(plan, precision, b, w)
     forward, wc = as_forward
     return forward_elementwise(forward, precision, b, wc)
-
-
-def _sliced(plan: ConvPlan, precision, b, w):
-    """The first spatial axis's taps as ``K0`` backward_data problems of rank ``nd - 1``
-    (the plain lowering's), each laid on the output rows its tap writes, summed.
-
-    ``b`` merged with the batch (:func:`~polyconv_jax._forward.merge_first_axis`) times tap
-    ``k0``'s slice of the kernel gives the rows ``j*s0 + k0*d0 - pb0`` (``j < B0``) of the
-    output; one pad (``s0 - 1`` zeros between rows, the rest before and after) puts them in
-    place, and the taps' parts are added in the accumulation dtype. Measured for 3-D and up
-    without a stride past the first axis: XLA CPU (jaxlib 0.10.2) runs 2-D convolutions
-    through YNNPACK and 3-D ones on a much slower path. nnU-Net's 3x3x3 32->32 input
-    gradient on 32x64x64 (2 CPUs): 66-95 ms against 220-250 for ``direct`` and ``phases``
-    and 95-130 for ``phases_folded``."""
-    n, b0, s0, d0 = plan.batch, plan.b_spatial[0], plan.strides[0], plan.dilations[0]
-    sub = slice_plan(plan, n * b0)
-    bm = merge_first_axis(plan, b)
-    wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
-    config = [(0, 0, 0)] * b.ndim
-    parts = []
-    for k in range(plan.kernel[0]):
-        part = split_first_axis(plan.with_(channels_last=True),
-                                _direct(sub, precision, bm, tap_kernel(plan, wc, k)), n)
-        low = k * d0 - plan.pads_begin[0]
-        config[1] = (low, plan.a_spatial[0] - low - (b0 - 1) * s0 - 1, s0 - 1)
-        parts.append(((k,), lax.pad(part, jnp.zeros((), part.dtype), config)))
-    z = sum_by_first_tap(parts)
-    return z if plan.channels_last else jnp.moveaxis(z, -1, 1)
 
 
 def _elementwise_phases(plan: ConvPlan, precision, b, w):
@@ -347,7 +315,7 @@ BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phase
                  "subpixel": _subpixel, "subpixel_matmul": _subpixel_matmul,
                  "phases_folded": _folded, "elementwise": _elementwise,
                  "grouped": _grouped, "matmul_overlap_add": _matmul_overlap_add,
-                 "sliced": _sliced}
+                 "sliced": _sliced.backward_data}
 
 
 def applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -404,7 +372,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
        ``elementwise``, with or without a stride (XLA CPU's grouped convolutions are a slow
        path: 40x for a stride-1 depthwise 3x3).
     2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution); ``sliced``
-       where :func:`~polyconv_jax._forward.slices` (3-D: 2-D convolutions, 2.5-3.5x).
+       where :func:`~polyconv_jax._sliced.slices` (3-D: 2-D convolutions, 2.5-3.5x).
        Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
     3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
        up to :data:`~polyconv_jax._forward.GROUPED_MAX_GROUPS` groups, else
@@ -424,7 +392,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
     if few_per_group(plan, plan.b_channels):
         return "elementwise"
     if all(s == 1 for s in plan.strides):
-        return "sliced" if slices(plan) else "direct"
+        return "sliced" if _sliced.slices(plan) else "direct"
     if narrow(plan):
         return "matmul_overlap_add"
     if g > 1:

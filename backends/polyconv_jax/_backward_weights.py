@@ -11,22 +11,19 @@ from jax import lax
 
 from polyconv import ConvPlan
 
+from . import _sliced
 from ._backward_data import narrow
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
     GROUPED_MAX_GROUPS,
     few_per_group,
-    first_axis_rows,
     folded_operand,
     folded_spec,
     group_channels,
-    merge_first_axis,
     pad_large,
     patches,
     patches_fit,
     read_pads,
-    slice_plan,
-    slices,
     windows,
 )
 from ._subpixel import _phases
@@ -318,52 +315,10 @@ def _weights_folded(plan: ConvPlan, precision, a, b):
     return jnp.transpose(y, plan.weights_inverse_perm)
 
 
-#: ``sliced`` cuts the merged batch into pieces of at most this many output positions (of
-#: at least one image each) ...
-SLICE_PIECE_POSITIONS = 8192
-#: ... and into larger ones where that would make more than this many pieces in all (each is
-#: one more convolution to compile: 48 took 1 s)
-SLICE_MAX_PIECES = 64
-
-
-def slice_chunk(plan: ConvPlan) -> int:
-    """Images of the merged batch (``N*B0``) per piece of ``sliced``."""
-    images = plan.batch * plan.b_spatial[0]
-    chunk = max(1, SLICE_PIECE_POSITIONS // math.prod(plan.b_spatial[1:]))
-    per_tap = max(1, SLICE_MAX_PIECES // plan.kernel[0])
-    return max(chunk, -(-images // per_tap))
-
-
-def _weights_sliced(plan: ConvPlan, precision, a, b):
-    """Per tap ``k0`` of the first spatial axis, the weight gradient of rank ``nd - 1`` of
-    its rows of ``a`` and ``b``, both merged with the batch (channels last: the forward
-    ``sliced``'s convolutions), in pieces of at most :data:`SLICE_PIECE_POSITIONS` output
-    positions (:func:`slice_chunk`), summed in the accumulation dtype; the taps' kernels
-    stacked.
-
-    Measured for 3-D and up. XLA CPU (jaxlib 0.10.2) computes each weight-gradient
-    convolution on one thread and slows down with its contraction: nnU-Net's 3x3x3 32->32 on
-    32x64x64 (2 CPUs) took 290-305 ms in 3 pieces (one per tap), 183 ms in 24 and 81-99 ms
-    in 48 (two 64x64 images each), against 300 ms for ``folded`` and 425 for ``bands``."""
-    rows, n, b0 = first_axis_rows(plan, a), plan.batch, plan.b_spatial[0]
-    bm = merge_first_axis(plan, b)                              # [N*B0, B.., Cb]
-    chunk = slice_chunk(plan)
-    taps = []
-    for k in range(plan.kernel[0]):
-        x = rows(k)
-        total = None
-        for i in range(0, n * b0, chunk):
-            j = min(i + chunk, n * b0)
-            part = _weights_direct(slice_plan(plan, j - i), precision, x[i:j], bm[i:j])
-            total = part if total is None else total + part
-        taps.append(total.reshape((*total.shape[:2], *plan.kernel[1:])))
-    return jnp.transpose(jnp.stack(taps, axis=2), plan.weights_inverse_perm)
-
-
 BACKWARD_WEIGHTS = {"direct": _weights_direct, "bands": _weights_bands, "phases": _weights_phases,
                     "depthwise": _weights_depthwise, "grouped": _weights_grouped,
                     "patches_matmul": _weights_patches, "folded": _weights_folded,
-                    "sliced": _weights_sliced}
+                    "sliced": _sliced.backward_weights}
 
 
 def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -403,7 +358,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
         return "grouped" if plan.groups <= GROUPED_MAX_GROUPS else "direct"
     if plan.ndim >= 3 and any(s > 1 for s in plan.strides):
         return "phases"
-    if slices(plan):
+    if _sliced.slices(plan):
         return "sliced"
     if (plan.ndim == 2 and all(s == 1 for s in plan.strides)
             and math.prod(plan.b_spatial) >= BAND_POSITIONS

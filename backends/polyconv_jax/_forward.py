@@ -14,6 +14,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
+from . import _sliced
 from ._xla import _conv_general, _data_spec, _dnums, _merge, rearranged_once
 
 
@@ -414,80 +415,6 @@ def _forward_folded(plan: ConvPlan, precision, a, w):
     return unfold(plan, z, b0, plan.b_spatial[1] if nd > 1 else 0)
 
 
-def slice_plan(plan: ConvPlan, batch: int) -> ConvPlan:
-    """The convolution of rank ``nd - 1`` that one tap of the first spatial axis computes on
-    ``batch`` rows of it merged with the batch (:func:`first_axis_rows`): channels last,
-    canonical weights ``[Cb, Ca/G, K_rest..]``; for one spatial axis, a unit axis (a matrix
-    product as a convolution)."""
-    def rest(values, unit):
-        return tuple(values[1:]) or (unit,)
-
-    return plan.with_(
-        batch=batch, a_spatial=rest(plan.a_spatial, 1), b_spatial=rest(plan.b_spatial, 1),
-        kernel=rest(plan.kernel, 1), strides=rest(plan.strides, 1),
-        dilations=rest(plan.dilations, 1), pads_begin=rest(plan.pads_begin, 0),
-        pads_end=rest(plan.pads_end, 0), output_padding=rest(plan.output_padding, 0),
-        channels_last=True, weights_perm=tuple(range(max(plan.ndim, 2) + 1)))
-
-
-def merge_first_axis(plan: ConvPlan, x):
-    """``x`` (``[N, A0, .., C]`` in the user's layout) channels last with its first spatial
-    axis merged with the batch: ``[N*A0, A.., C]`` (``[N*A0, 1, C]`` for one spatial axis)."""
-    x = x if plan.channels_last else jnp.moveaxis(x, 1, -1)
-    return x.reshape((x.shape[0] * x.shape[1], *(x.shape[2:-1] or (1,)), x.shape[-1]))
-
-
-def split_first_axis(plan: ConvPlan, z, batch: int):
-    """:func:`merge_first_axis` undone: ``[N*R, ..., C]`` -> ``[N, R, ..]`` in the user's
-    layout."""
-    z = z.reshape((batch, z.shape[0] // batch, *(z.shape[1:-1] if plan.ndim > 1 else ()),
-                   z.shape[-1]))
-    return z if plan.channels_last else jnp.moveaxis(z, -1, 1)
-
-
-def tap_kernel(plan: ConvPlan, wc, k0: int):
-    """Tap ``k0`` of the first spatial axis of canonical weights ``[Cb, Ca/G, K..]``:
-    :func:`slice_plan`'s weights."""
-    return lax.slice_in_dim(wc, k0, k0 + 1, axis=2).reshape(
-        (*wc.shape[:2], *(plan.kernel[1:] or (1,))))
-
-
-def first_axis_rows(plan: ConvPlan, a) -> Callable[[int], Any]:
-    """``k0 ->`` the rows of ``a`` that the first spatial axis's tap ``k0`` reads, ``k0*d0 +
-    s0*j`` for ``j < B0`` (zeros in the padding), merged with the batch
-    (:func:`merge_first_axis`; channels-first data is moved once, for all taps)."""
-    x = a if plan.channels_last else jnp.moveaxis(a, 1, -1)    # [N, A0, A.., C]
-    config = [(0, 0, 0)] * a.ndim
-    config[1] = (*read_pads(plan)[0], 0)
-    x = lax.pad(x, jnp.zeros((), a.dtype), config)
-    b0, s0, d0 = plan.b_spatial[0], plan.strides[0], plan.dilations[0]
-    last = plan.with_(channels_last=True)
-
-    def rows(k0: int):
-        return merge_first_axis(last, lax.slice_in_dim(
-            x, k0 * d0, k0 * d0 + (b0 - 1) * s0 + 1, s0, axis=1))
-
-    return rows
-
-
-def forward_sliced(plan: ConvPlan, precision, a, w):
-    """The first spatial axis's taps as ``K0`` convolutions of rank ``nd - 1``, summed.
-
-    Tap ``k0``'s rows of ``a`` merged with the batch (:func:`first_axis_rows`) are convolved
-    over the other axes with the tap's slice of the kernel, channels last (for channels-first
-    data 25-40% faster than convolving it channels first), and the partial sums added in the
-    accumulation dtype. Measured for 3-D and up: XLA CPU (jaxlib 0.10.2) runs 2-D
-    convolutions through YNNPACK and 3-D ones on a much slower path. nnU-Net's 3x3x3 32->32
-    forward on 32x64x64 (2 CPUs): 68-95 ms against 270-350 for ``direct`` and 100-140 for
-    ``folded``."""
-    rows, n = first_axis_rows(plan, a), a.shape[0]
-    sub = slice_plan(plan, n * plan.b_spatial[0])
-    wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
-    z = sum_by_first_tap(((k,), _conv(sub, precision, rows(k), tap_kernel(plan, wc, k)))
-                         for k in range(plan.kernel[0]))
-    return split_first_axis(plan, z, n)
-
-
 #: the im2col lowerings apply while their patches are at most this many times the larger
 #: data tensor
 PATCHES_MAX_GROWTH = 32
@@ -516,7 +443,7 @@ def few_per_group(plan: ConvPlan, channels: int) -> bool:
 #: the forward lowerings, by name; the first is the plain one
 FORWARD = {"direct": _conv, "elementwise": forward_elementwise,
            "patches_matmul": _forward_patches, "folded": _forward_folded,
-           "sliced": forward_sliced}
+           "sliced": _sliced.forward}
 
 
 def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -528,22 +455,17 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
     return lowering in FORWARD
 
 
-def slices(plan: ConvPlan) -> bool:
-    """Whether the CPU policies take the ``sliced`` lowerings: ungrouped plans of 3-D and up
-    without a stride (the conv blocks of a 3-D U-Net)."""
-    return plan.ndim >= 3 and plan.groups == 1 and set(plan.strides) == {1}
-
-
 def choose_forward(plan: ConvPlan) -> str:
     """The default forward lowering on CPU: ``elementwise`` for groups with at most
     :data:`ELEMENTWISE_POLICY_CHANNELS` input channels each (XLA CPU's grouped convolution
     is a slow path: 40x for a depthwise 3x3, 6x more with a stride), ``patches_matmul`` for
     ungrouped ones with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
-    more: 3-D 1->64 k3 s2, 3x), ``sliced`` where :func:`slices` (3-4x), else ``direct``."""
+    more: 3-D 1->64 k3 s2, 3x), ``sliced`` where :func:`~polyconv_jax._sliced.slices`
+    (3-4x), else ``direct``."""
     if few_per_group(plan, plan.a_channels):
         return "elementwise"
     from ._backward_data import narrow  # (that module imports this one)
 
     if narrow(plan) and patches_fit(plan):
         return "patches_matmul"
-    return "sliced" if slices(plan) else "direct"
+    return "sliced" if _sliced.slices(plan) else "direct"
