@@ -133,6 +133,30 @@ def test_sliced_lowerings_are_measured_for_3d_plans(spatial, strides, measured):
         assert _choice.policy(primitive, plan, "gpu") != "sliced"
 
 
+@pytest.mark.parametrize(("channels", "kernel", "dilations", "groups", "measured"), [
+    ((256, 128), (3, 3), 12, 1, {"forward", "backward_data", "backward_weights"}),
+    ((256, 64), (1, 1), 1, 1, {"forward"}),             # a weight gradient's 64 columns
+    ((64, 256), (3, 3), 1, 1, {"backward_data"}),
+    ((256, 256), (7, 7), 1, 1, set()),                  # 49 taps
+    ((256, 256), (7, 7), 5, 1, {"forward", "backward_data", "backward_weights"}),  # 25 read a
+    ((256, 256), (3, 3), 1, 2, set()),                  # ungrouped only
+])
+def test_taps_lowerings_are_measured_for_wide_products(channels, kernel, dilations, groups,
+                                                       measured):
+    """The ``taps`` lowerings (one product per tap over the rows it reads) compute every
+    ungrouped plan, and are measured from 128 contracted channels (both sides for a weight
+    gradient) and up to 27 taps that read the input (taps that read only padding do no
+    work)."""
+    ca, cb = channels
+    plan = polyconv.infer_shape("Convolution", (2, 12, 12, ca), (*kernel, ca // groups, cb),
+                                dilations=dilations, pads_begin=dilations * (kernel[0] // 2),
+                                pads_end=dilations * (kernel[0] // 2), groups=groups)
+    for primitive in ("forward", "backward_data", "backward_weights"):
+        assert _choice.is_applicable(primitive, plan, "taps") == (groups == 1)
+        names = _choice.candidates(primitive, plan, platform="cpu")
+        assert ("taps" in names) == (primitive in measured), (primitive, names)
+
+
 def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({}, calls))

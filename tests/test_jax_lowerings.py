@@ -153,7 +153,7 @@ def _lowering_params(lowerings, applies):
 
 def _bd_params():
     def applies(lowering, groups):
-        if lowering == "matmul_overlap_add":
+        if lowering in ("matmul_overlap_add", "taps"):
             return groups == 1
         return lowering != "grouped" or groups != 1
 
@@ -220,7 +220,7 @@ def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
     if primitive != "backward_data":
         common |= {"windows in place", "padded copy", "a window of padding only"}
     for lowering, features in seen.items():
-        ungrouped_only = lowering in ("matmul_overlap_add", "patches_matmul")
+        ungrouped_only = lowering in ("matmul_overlap_add", "patches_matmul", "taps")
         needed = common - ({"depthwise", "groups"} if ungrouped_only else set())
         if lowering == "depthwise":        # depthwise plans only
             needed -= {"groups", "no groups"}
@@ -254,7 +254,8 @@ def test_grad_and_vmap_through_each_backward_data_lowering(lowering, fmt):
     """jax.grad of conv_transpose through every lowering equals the backward ops; vmap over a
     leading axis equals a loop; both inside jit."""
     rng = np.random.default_rng(13)
-    groups = 4 if lowering == "elementwise" else 2
+    ungrouped = lowering in ("matmul_overlap_add", "taps")      # ungrouped plans only
+    groups = 4 if lowering == "elementwise" else 1 if ungrouped else 2
     attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2),
              "output_padding": (1, 2), "dilations": (1, 2), "groups": groups,
              "data_format": fmt, "weights_format": "IOX"}
@@ -434,7 +435,7 @@ def _bw_params():
     def applies(lowering, groups):
         if lowering == "depthwise":
             return groups in ("dw", "dw2")
-        if lowering == "patches_matmul":
+        if lowering in ("patches_matmul", "taps"):
             return groups == 1
         return lowering != "grouped" or groups != 1
 
@@ -516,7 +517,7 @@ _FORWARD_OP = {"conv_transpose": "conv_transpose_backward_data",
 
 def _fw_params():
     def applies(lowering, groups):
-        if lowering == "patches_matmul":
+        if lowering in ("patches_matmul", "taps"):
             return groups == 1
         return True   # elementwise: every grid plan has at most 6 channels per group
 
@@ -789,7 +790,8 @@ def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
     """The backward_weights lowerings give jax.grad's weights gradient (and are traceable
     under jit and vmap)."""
     rng = np.random.default_rng(18)
-    groups = 4 if lowering == "depthwise" else 2
+    ungrouped = lowering in ("patches_matmul", "taps")          # ungrouped plans only
+    groups = 4 if lowering == "depthwise" else 1 if ungrouped else 2
     attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2),
              "output_padding": (1, 2), "dilations": (1, 2), "groups": groups,
              "data_format": "NCX", "weights_format": "XIO"}

@@ -16,7 +16,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from . import _sliced
+from . import _sliced, _taps
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
     GROUPED_MAX_GROUPS,
@@ -315,7 +315,7 @@ BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phase
                  "subpixel": _subpixel, "subpixel_matmul": _subpixel_matmul,
                  "phases_folded": _folded, "elementwise": _elementwise,
                  "grouped": _grouped, "matmul_overlap_add": _matmul_overlap_add,
-                 "sliced": _sliced.backward_data}
+                 "sliced": _sliced.backward_data, "taps": _taps.backward_data}
 
 
 def applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -324,7 +324,7 @@ def applicable(plan: ConvPlan, lowering: str) -> bool:
         return plan.b_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
     if lowering == "grouped":
         return 1 < plan.groups <= GROUPED_MAX_GROUPS
-    if lowering == "matmul_overlap_add":
+    if lowering in ("matmul_overlap_add", "taps"):
         return plan.groups == 1
     return lowering in BACKWARD_DATA
 

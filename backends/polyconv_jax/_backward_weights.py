@@ -11,7 +11,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from . import _sliced
+from . import _sliced, _taps
 from ._backward_data import narrow
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
@@ -318,7 +318,7 @@ def _weights_folded(plan: ConvPlan, precision, a, b):
 BACKWARD_WEIGHTS = {"direct": _weights_direct, "bands": _weights_bands, "phases": _weights_phases,
                     "depthwise": _weights_depthwise, "grouped": _weights_grouped,
                     "patches_matmul": _weights_patches, "folded": _weights_folded,
-                    "sliced": _sliced.backward_weights}
+                    "sliced": _sliced.backward_weights, "taps": _taps.backward_weights}
 
 
 def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -330,8 +330,8 @@ def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
         return 1 < plan.groups <= GROUPED_MAX_GROUPS
     if lowering == "bands":
         return 1 < plan.batch * len(band_edges(plan)) <= BAND_PIECES
-    if lowering == "patches_matmul":
-        return patches_fit(plan)
+    if lowering in ("patches_matmul", "taps"):
+        return patches_fit(plan) if lowering == "patches_matmul" else plan.groups == 1
     return lowering in BACKWARD_WEIGHTS
 
 

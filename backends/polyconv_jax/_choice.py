@@ -56,6 +56,7 @@ from ._backward_data import (
 )
 from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
 from ._forward import FORWARD, choose_forward, forward_applicable, patches_abort_xla_gpu
+from ._taps import measured as taps_measured
 
 #: the lowerings of each primitive, by name; the first is the plain one-call lowering
 IMPLEMENTATIONS = {"forward": FORWARD, "backward_data": BACKWARD_DATA,
@@ -200,7 +201,10 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     (convolutions of rank ``nd - 1``, one per tap of the first axis) are measured for 3-D and
     up only, where they stand in for XLA CPU's 3-D convolution; a backward_data's only
     without a stride past the first axis (its inner problems would be lhs-dilated
-    convolutions, XLA CPU's slow path). On GPU the im2col
+    convolutions, XLA CPU's slow path). The ``taps`` lowerings (one product per tap over the
+    rows it reads) are measured from :data:`~polyconv_jax._taps.TAPS_MIN_CHANNELS`
+    contracted channels (both sides for a weight gradient) and up to
+    :data:`~polyconv_jax._taps.TAPS_MAX` taps that read ``a``. On GPU the im2col
     lowerings are not applicable where XLA GPU may abort compiling them
     (:func:`is_applicable`)."""
     platform = platform or jax.default_backend()
@@ -217,6 +221,10 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
         out = [name for name in out if name != "folded"]
     if plan.ndim < 3 or (primitive == "backward_data" and set(plan.strides[1:]) != {1}):
         out = [name for name in out if name != "sliced"]
+    contracted = {"forward": plan.a_channels, "backward_data": plan.b_channels,
+                  "backward_weights": min(plan.a_channels, plan.b_channels)}[primitive]
+    if not taps_measured(plan, contracted):
+        out = [name for name in out if name != "taps"]
     first = policy(primitive, plan, platform)
     return sorted(out, key=lambda name: name != first)
 

@@ -14,7 +14,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from . import _sliced
+from . import _sliced, _taps
 from ._xla import _conv_general, _data_spec, _dnums, _merge, rearranged_once
 
 
@@ -443,15 +443,15 @@ def few_per_group(plan: ConvPlan, channels: int) -> bool:
 #: the forward lowerings, by name; the first is the plain one
 FORWARD = {"direct": _conv, "elementwise": forward_elementwise,
            "patches_matmul": _forward_patches, "folded": _forward_folded,
-           "sliced": _sliced.forward}
+           "sliced": _sliced.forward, "taps": _taps.forward}
 
 
 def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
     """Whether ``lowering`` can compute ``plan``'s forward convolution."""
     if lowering == "elementwise":
         return plan.a_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
-    if lowering == "patches_matmul":
-        return patches_fit(plan)
+    if lowering in ("patches_matmul", "taps"):
+        return patches_fit(plan) if lowering == "patches_matmul" else plan.groups == 1
     return lowering in FORWARD
 
 
