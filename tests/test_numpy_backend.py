@@ -572,3 +572,43 @@ def test_gather_blocks_grow_with_the_problem_within_the_bound(of, row_bytes, bud
         assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
         step = blocks[0][1] - blocks[0][0]
         assert step == max(256, budget * (hi - lo) // of // row_bytes)
+
+
+@pytest.mark.parametrize(("op", "spatial", "kernel", "channels", "groups", "expect"), [
+    ("convolution_backward_data", (9, 7), (3, 3), (24, 16), 1, True),     # 24 > 8 channels
+    ("conv_transpose", (5, 4, 6), (3, 2, 3), (16, 64), 1, True),          # 64: the bound
+    ("convolution_backward_data", (11,), (5,), (12, 40), 2, True),        # 20 per group
+    ("convolution_backward_data", (9, 7), (3, 3), (24, 72), 1, False),    # 72 > 64
+])
+def test_stride_one_channels_first_backward_data_matches_the_oracle(op, spatial, kernel,
+                                                                    channels, groups, expect,
+                                                                    monkeypatch):
+    """backward_data of channels-first data without a stride stays channels-first up to 64
+    output channels per group (past the 8 of strided or channels-last plans): the oracle's
+    values, the path taken where it applies."""
+    from polyconv_numpy import _fast
+
+    taken = []
+    real = _fast._phases_channels_first
+    monkeypatch.setattr(_fast, "_phases_channels_first",
+                        lambda *args: taken.append(1) or real(*args))
+    rng = np.random.default_rng(31)
+    cb, ca = channels        # b's channels (the op's data input), a's (its output)
+    nd = len(spatial)
+    attrs = {"pads_begin": (1,) * nd, "pads_end": (0,) * nd, "dilations": (2,) + (1,) * (nd - 1),
+             "groups": groups, "data_format": "NCX", "weights_format": "OIX"}
+    if op == "conv_transpose":     # OIX: [OC/G = Ca/G, IC = Cb, K..]
+        w = rng.standard_normal((ca // groups, cb, *kernel)).astype(np.float32)
+        x = rng.standard_normal((2, cb, *spatial)).astype(np.float32)
+        args, keywords = (x, w), {}
+    else:                          # OIX: [OC = Cb, IC/G = Ca/G, K..]
+        w = rng.standard_normal((cb, ca // groups, *kernel)).astype(np.float32)
+        fwd = polyconv.infer_shape("convolution", (2, ca, *spatial), w.shape, **attrs)
+        x = rng.standard_normal(fwd.shape).astype(np.float32)
+        args, keywords = (x, w), {"dst_shape": (2, ca, *spatial)}
+    with polyconv_numpy.strategy(backward_data="gather"):
+        y = getattr(polyconv, op)(*args, **keywords, **attrs)
+    ref = reference(op, *args, **keywords, **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+    assert bool(taken) == expect

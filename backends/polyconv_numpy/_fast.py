@@ -49,6 +49,8 @@ _GROUPED_BLOCK_BYTES = 1 << 21
 #: blocks grow up to this size, and to a 32nd of everything gathered (:func:`_blocks`)
 _LARGE_BLOCK_BYTES = 1 << 23
 _CHANNELS_FIRST_MAX = 8  # channels per group up to which backward_data runs channels-first
+#: ... and up to which it does for channels-first data without a stride (one phase)
+_CHANNELS_FIRST_STRIDE_ONE = 64
 _CHANNELS_FIRST_DATA = True  # forward, backward_weights: NCX data channels-first at any width
 
 
@@ -337,8 +339,13 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
     out, out_cl = grid.output(plan.a_channels, out_dtype, bias)
     # one phase at a time, each written out before the next: little memory beyond the output
     # (not for wide channels of channels-first data here: measured slower, e.g. HiFi-GAN's
-    # 512 -> 256 upsampler 9.4 ms against 7.1)
-    channels_first = 1 < ch.cg <= _CHANNELS_FIRST_MAX
+    # 512 -> 256 upsampler 9.4 ms against 7.1; but without a stride, channels-first data of
+    # up to 64 channels per group gains the two transposes: 2 CPUs, U-Net's 3x3 64->64 at
+    # 128x128 20-25 ms -> 15-18, nnU-Net's 3x3x3 32->32 155-158 -> 110-112; a strided
+    # channels-last 64->64 ConvTranspose ran 1.2x slower channels-first)
+    limit = (_CHANNELS_FIRST_STRIDE_ONE if not plan.channels_last and set(plan.strides) == {1}
+             else _CHANNELS_FIRST_MAX)
+    channels_first = 1 < ch.cg <= limit
     phases = (_phases_channels_first if channels_first else _phases)(plan, grid, ch, w4, b, acc)
     for phase, rows in phases:
         grid.put(out_cl, phase, rows, bias, channels_first)
