@@ -722,6 +722,20 @@ _DEPTHWISE_BLOCKED = (
 )
 
 
+def _check_weights_lowering(lowering, rng, x, plan, w_shape, attrs, dtype):
+    """convolution_backward_weights of ``x`` and a random ``dy`` with ``lowering`` forced:
+    the input dtype, and the float64 oracle's values within the bound."""
+    from oracle import random_array
+
+    dy = random_array(rng, plan.shape, dtype)
+    with polyconv_jax.force_lowering(backward_weights=lowering):
+        y = polyconv.convolution_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
+                                                  **attrs)
+    assert y.dtype == np.dtype(x.dtype)
+    ref = reference("convolution_backward_weights", x, dy, weights_shape=w_shape, **attrs)
+    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+
+
 @pytest.mark.parametrize(("spatial", "channels", "groups", "kernel", "strides"),
                          _DEPTHWISE_BLOCKED)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -742,13 +756,7 @@ def test_depthwise_weights_in_blocks_of_positions_match_the_oracle(spatial, chan
     blocked = positions // _backward_weights.DEPTHWISE_BLOCK >= 256
     assert blocked == (spatial != (13, 11))
     assert not blocked or positions % _backward_weights.DEPTHWISE_BLOCK == 0
-    dy = random_array(rng, plan.shape, dtype)
-    with polyconv_jax.force_lowering(backward_weights="depthwise"):
-        y = polyconv.convolution_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
-                                                  **attrs)
-    assert y.dtype == np.dtype(x.dtype)
-    ref = reference("convolution_backward_weights", x, dy, weights_shape=w_shape, **attrs)
-    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+    _check_weights_lowering("depthwise", rng, x, plan, w_shape, attrs, dtype)
 
 
 @pytest.mark.parametrize(("fmt", "strides", "positions", "max_pieces", "chunks"), [
@@ -776,13 +784,7 @@ def test_sliced_weights_in_pieces_match_the_oracle(fmt, strides, positions, max_
     images = 2 * plan.b_spatial[0]
     chunk = _sliced.slice_chunk(plan)
     assert [min(chunk, images - i) for i in range(0, images, chunk)] == chunks
-    dy = random_array(rng, plan.shape, dtype)
-    with polyconv_jax.force_lowering(backward_weights="sliced"):
-        y = polyconv.convolution_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
-                                                  **attrs)
-    assert y.dtype == np.dtype(x.dtype)
-    ref = reference("convolution_backward_weights", x, dy, weights_shape=w_shape, **attrs)
-    assert_within_bound(np.asarray(y.astype(jnp.float64)), ref.y, ref.abs_sum, ref.n, dtype)
+    _check_weights_lowering("sliced", rng, x, plan, w_shape, attrs, dtype)
 
 
 @pytest.mark.parametrize("lowering", BACKWARD_WEIGHTS_LOWERINGS)
