@@ -15,7 +15,7 @@ from jax import lax
 from polyconv import ConvPlan
 
 from . import _sliced, _taps
-from ._xla import _conv_general, _data_spec, _dnums, _merge, rearranged_once
+from ._xla import _conv_general, _data_spec, _dnums, _merge, add_all, rearranged_once
 
 
 def _conv(plan: ConvPlan, precision, a, w):
@@ -141,13 +141,8 @@ def taps_first(plan: ConvPlan, w, per_b_channel: bool = False):
 def sum_by_first_tap(terms):
     """The sum of ``(tap, term)`` pairs, each run of equal first tap index summed first (a
     kernel row at a time: fewer rounding steps in long sums, and faster fused loops)."""
-    total = None
-    for _, run in itertools.groupby(terms, key=lambda pair: pair[0][0]):
-        part = None
-        for _, term in run:
-            part = term if part is None else part + term
-        total = part if total is None else total + part
-    return total
+    return add_all(add_all(term for _, term in run)
+                   for _, run in itertools.groupby(terms, key=lambda pair: pair[0][0]))
 
 
 def forward_elementwise(plan: ConvPlan, precision, a, w):

@@ -24,13 +24,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-
-def _sum(parts):
-    """The sum of ``parts`` in order."""
-    total = None
-    for part in parts:
-        total = part if total is None else total + part
-    return total
+from ._xla import add_all
 
 
 def slices(plan: ConvPlan) -> bool:
@@ -112,7 +106,7 @@ def forward(plan: ConvPlan, precision, a, w):
     rows, n = first_axis_rows(plan, a), a.shape[0]
     sub = slice_plan(plan, n * plan.b_spatial[0])
     wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
-    z = _sum(_conv(sub, precision, rows(k), tap_kernel(plan, wc, k))
+    z = add_all(_conv(sub, precision, rows(k), tap_kernel(plan, wc, k))
              for k in range(plan.kernel[0]))
     return split_first_axis(plan, z, n)
 
@@ -143,7 +137,7 @@ def backward_data(plan: ConvPlan, precision, b, w):
         low = k * d0 - plan.pads_begin[0]
         config[1] = (low, plan.a_spatial[0] - low - (b0 - 1) * s0 - 1, s0 - 1)
         parts.append(lax.pad(part, jnp.zeros((), part.dtype), config))
-    z = _sum(parts)
+    z = add_all(parts)
     return z if plan.channels_last else jnp.moveaxis(z, -1, 1)
 
 
@@ -179,13 +173,11 @@ def backward_weights(plan: ConvPlan, precision, a, b):
     rows, n, b0 = first_axis_rows(plan, a), plan.batch, plan.b_spatial[0]
     bm = merge_first_axis(plan, b)                              # [N*B0, B.., Cb]
     chunk = slice_chunk(plan)
+    pieces = [(i, min(i + chunk, n * b0)) for i in range(0, n * b0, chunk)]
     taps = []
     for k in range(plan.kernel[0]):
         x = rows(k)
-        total = None
-        for i in range(0, n * b0, chunk):
-            j = min(i + chunk, n * b0)
-            part = _weights_direct(slice_plan(plan, j - i), precision, x[i:j], bm[i:j])
-            total = part if total is None else total + part
+        total = add_all(_weights_direct(slice_plan(plan, j - i), precision, x[i:j], bm[i:j])
+                        for i, j in pieces)
         taps.append(total.reshape((*total.shape[:2], *plan.kernel[1:])))
     return jnp.transpose(jnp.stack(taps, axis=2), plan.weights_inverse_perm)

@@ -28,6 +28,8 @@ from jax import lax
 
 from polyconv import ConvPlan
 
+from ._xla import add_all
+
 #: the ``taps`` lowerings are measured from this many channels on the contracted side
 #: (:func:`measured`): with fewer, each tap's product is too narrow to pay for its pass over
 #: the output
@@ -87,9 +89,9 @@ def _place(plan: ConvPlan, y, axes_pads):
 
 
 def _total(plan: ConvPlan, parts, shape):
-    total = None
-    for part in parts:
-        total = part if total is None else total + part
+    """The sum of the taps' placed products (zeros of ``shape`` for none), in the user's
+    layout."""
+    total = add_all(parts)
     if total is None:
         total = jnp.zeros(shape, plan.acc_dtype)
     return total if plan.channels_last else jnp.moveaxis(total, 0, 1)

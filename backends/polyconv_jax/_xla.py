@@ -164,3 +164,11 @@ def _merge(y, shape):
         y = y.reshape((*y.shape[:i], shape[i], *y.shape[j + 1:]))
         i += 1
     return y
+
+
+def add_all(parts):
+    """The sum of ``parts`` (arrays of one shape) in order; ``None`` for none."""
+    total = None
+    for part in parts:
+        total = part if total is None else total + part
+    return total
