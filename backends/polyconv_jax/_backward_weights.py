@@ -330,8 +330,10 @@ def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
         return 1 < plan.groups <= GROUPED_MAX_GROUPS
     if lowering == "bands":
         return 1 < plan.batch * len(band_edges(plan)) <= BAND_PIECES
-    if lowering in ("patches_matmul", "taps"):
-        return patches_fit(plan) if lowering == "patches_matmul" else plan.groups == 1
+    if lowering == "patches_matmul":
+        return patches_fit(plan)
+    if lowering == "taps":
+        return plan.groups == 1
     return lowering in BACKWARD_WEIGHTS
 
 

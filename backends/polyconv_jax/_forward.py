@@ -445,8 +445,10 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
     """Whether ``lowering`` can compute ``plan``'s forward convolution."""
     if lowering == "elementwise":
         return plan.a_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
-    if lowering in ("patches_matmul", "taps"):
-        return patches_fit(plan) if lowering == "patches_matmul" else plan.groups == 1
+    if lowering == "patches_matmul":
+        return patches_fit(plan)
+    if lowering == "taps":
+        return plan.groups == 1
     return lowering in FORWARD
 
 

@@ -107,7 +107,7 @@ def forward(plan: ConvPlan, precision, a, w):
     sub = slice_plan(plan, n * plan.b_spatial[0])
     wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
     z = add_all(_conv(sub, precision, rows(k), tap_kernel(plan, wc, k))
-             for k in range(plan.kernel[0]))
+                for k in range(plan.kernel[0]))
     return split_first_axis(plan, z, n)
 
 
