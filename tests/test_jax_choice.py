@@ -103,7 +103,7 @@ def test_per_group_lowerings_are_candidates_up_to_their_bound(groups):
     channels = 2 * groups
     plan = polyconv.infer_shape("Convolution", (2, 9, 9, channels), (3, 3, 2, channels),
                                 strides=2, pads_begin=1, pads_end=1, groups=groups)
-    for primitive in ("backward_data", "backward_weights"):
+    for primitive in ("forward", "backward_data", "backward_weights"):
         names = _choice.candidates(primitive, plan, platform="cpu")
         assert ("grouped" in names) == (groups <= GROUPED_MAX_GROUPS), (primitive, names)
         assert _choice.policy(primitive, plan, platform="cpu") in names

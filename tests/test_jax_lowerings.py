@@ -151,13 +151,20 @@ def _lowering_params(lowerings, applies):
     return params
 
 
-def _bd_params():
-    def applies(lowering, groups):
-        if lowering in ("matmul_overlap_add", "taps"):
-            return groups == 1
-        return lowering != "grouped" or groups != 1
+#: the lowerings that compute ungrouped plans only
+UNGROUPED_ONLY = ("matmul_overlap_add", "patches_matmul", "taps")
 
-    return _lowering_params(BACKWARD_DATA_LOWERINGS, applies)
+
+def _applies(lowering, groups):
+    """Whether a lowering computes plans of ``groups``: the ungrouped-only ones without
+    groups, ``grouped`` (one problem per group) with them, every other one on all."""
+    if lowering in UNGROUPED_ONLY:
+        return groups == 1
+    return lowering != "grouped" or groups != 1
+
+
+def _bd_params():
+    return _lowering_params(BACKWARD_DATA_LOWERINGS, _applies)
 
 
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
@@ -220,8 +227,7 @@ def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
     if primitive != "backward_data":
         common |= {"windows in place", "padded copy", "a window of padding only"}
     for lowering, features in seen.items():
-        ungrouped_only = lowering in ("matmul_overlap_add", "patches_matmul", "taps")
-        needed = common - ({"depthwise", "groups"} if ungrouped_only else set())
+        needed = common - ({"depthwise", "groups"} if lowering in UNGROUPED_ONLY else set())
         if lowering == "depthwise":        # depthwise plans only
             needed -= {"groups", "no groups"}
         assert needed <= features, (lowering, sorted(needed - features))
@@ -254,7 +260,7 @@ def test_grad_and_vmap_through_each_backward_data_lowering(lowering, fmt):
     """jax.grad of conv_transpose through every lowering equals the backward ops; vmap over a
     leading axis equals a loop; both inside jit."""
     rng = np.random.default_rng(13)
-    ungrouped = lowering in ("matmul_overlap_add", "taps")      # ungrouped plans only
+    ungrouped = lowering in UNGROUPED_ONLY
     groups = 4 if lowering == "elementwise" else 1 if ungrouped else 2
     attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2),
              "output_padding": (1, 2), "dilations": (1, 2), "groups": groups,
@@ -375,7 +381,9 @@ def test_default_lowering_choice():
 
     assert choose(plan((8, 32, 32, 64), (3, 3, 64, 64))) == "direct"          # no stride
     assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 32, 32))) == "sliced"   # 3-D: 2-D ones
-    assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 8, 32), groups=4)) == "direct"
+    assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 8, 32), groups=4)) == "grouped"
+    assert choose(plan((8, 32, 32, 64), (3, 3, 16, 64), groups=4)) == "grouped"
+    assert choose(plan((8, 32, 32, 512), (3, 3, 8, 512), groups=64)) == "direct"
     assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), strides=2, groups=64)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), groups=64)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 2, 64), strides=2, groups=16)) == "elementwise"
@@ -435,11 +443,27 @@ def _bw_params():
     def applies(lowering, groups):
         if lowering == "depthwise":
             return groups in ("dw", "dw2")
-        if lowering in ("patches_matmul", "taps"):
-            return groups == 1
-        return lowering != "grouped" or groups != 1
+        return _applies(lowering, groups)
 
     return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
+
+
+def test_default_forward_choice():
+    """The CPU policy for forward convolutions (see polyconv_jax._forward.choose_forward)."""
+    choose = _forward.choose_forward
+
+    def plan(src, w, **attrs):
+        return polyconv.infer_shape("convolution", src, w, pads_begin=1, pads_end=1, **attrs)
+
+    assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "elementwise"
+    assert choose(plan((4, 56, 56, 128), (3, 3, 4, 128), groups=32)) == "elementwise"
+    # more channels per group: one ungrouped convolution per group, up to the bound
+    assert choose(plan((4, 56, 56, 64), (3, 3, 16, 64), groups=4)) == "grouped"
+    assert choose(plan((4, 56, 56, 256), (3, 3, 8, 256), groups=32)) == "grouped"
+    assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "direct"
+    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "patches_matmul"
+    assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32))) == "sliced"
+    assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64))) == "direct"
 
 
 def test_default_backward_weights_choice():
@@ -516,12 +540,8 @@ _FORWARD_OP = {"conv_transpose": "conv_transpose_backward_data",
 
 
 def _fw_params():
-    def applies(lowering, groups):
-        if lowering in ("patches_matmul", "taps"):
-            return groups == 1
-        return True   # elementwise: every grid plan has at most 6 channels per group
-
-    return _lowering_params(FORWARD_LOWERINGS, applies)
+    # elementwise: every grid plan has at most 6 channels per group
+    return _lowering_params(FORWARD_LOWERINGS, _applies)
 
 
 @pytest.mark.parametrize(("op", "kernel", "variant", "groups", "nd", "fmt", "wfmt", "lowering"),
@@ -629,7 +649,7 @@ def test_forward_lowering_low_precision(lowering, fmt, dtype):
     from oracle import random_array
 
     rng = np.random.default_rng(24)
-    groups = 1 if lowering == "patches_matmul" else 2
+    groups = 1 if lowering in UNGROUPED_ONLY else 2
     attrs = {"strides": (1, 2), "pads_begin": (1, 0), "pads_end": (1, 2), "groups": groups,
              "data_format": fmt, "weights_format": "OIX"}
     x = random_array(rng, (2, 7, 9, 4) if fmt == "NXC" else (2, 4, 7, 9), dtype)
@@ -792,7 +812,7 @@ def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
     """The backward_weights lowerings give jax.grad's weights gradient (and are traceable
     under jit and vmap)."""
     rng = np.random.default_rng(18)
-    ungrouped = lowering in ("patches_matmul", "taps")          # ungrouped plans only
+    ungrouped = lowering in UNGROUPED_ONLY
     groups = 4 if lowering == "depthwise" else 1 if ungrouped else 2
     attrs = {"strides": (2, 3), "pads_begin": (1, 0), "pads_end": (0, 2),
              "output_padding": (1, 2), "dilations": (1, 2), "groups": groups,

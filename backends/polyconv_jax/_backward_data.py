@@ -372,7 +372,10 @@ def choose_backward_data(plan: ConvPlan) -> str:
        ``elementwise``, with or without a stride (XLA CPU's grouped convolutions are a slow
        path: 40x for a stride-1 depthwise 3x3).
     2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution); ``sliced``
-       where :func:`~polyconv_jax._sliced.slices` (3-D: 2-D convolutions, 2.5-3.5x).
+       where :func:`~polyconv_jax._sliced.slices` (3-D: 2-D convolutions, 2.5-3.5x);
+       ``grouped`` for groups up to :data:`~polyconv_jax._forward.GROUPED_MAX_GROUPS` (XLA
+       CPU's grouped convolution costs about as much as the ungrouped one: 4 groups of 16
+       channels 4x, 2 groups of 32 in 3-D 9x).
        Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
     3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
        up to :data:`~polyconv_jax._forward.GROUPED_MAX_GROUPS` groups, else
@@ -392,6 +395,8 @@ def choose_backward_data(plan: ConvPlan) -> str:
     if few_per_group(plan, plan.b_channels):
         return "elementwise"
     if all(s == 1 for s in plan.strides):
+        if 1 < g <= GROUPED_MAX_GROUPS:
+            return "grouped"
         return "sliced" if _sliced.slices(plan) else "direct"
     if narrow(plan):
         return "matmul_overlap_add"
