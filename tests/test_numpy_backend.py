@@ -574,6 +574,50 @@ def test_gather_blocks_grow_with_the_problem_within_the_bound(of, row_bytes, bud
         assert step == max(256, budget * (hi - lo) // of // row_bytes)
 
 
+@pytest.mark.parametrize(("batch", "rows", "row_bytes", "budget"), [
+    (4, 16, 20_000, 1 << 21),            # small: the base budget, several images a block
+    (1, 256, 1 << 20, 1 << 23),          # large: the large budget
+    # FCN-8s's k16 s8 21->21 (a row of b: 64 positions x 256 taps x 21 channels): a 16th of
+    # the whole product
+    (1, 64, 64 * 256 * 21 * 4, 64 * 64 * 256 * 21 * 4 // 16),
+])
+def test_overlap_blocks_grow_with_the_product_within_the_bound(batch, rows, row_bytes,
+                                                               budget):
+    """The overlap path's product blocks cover every image's rows once, in order, each at
+    most the budget (a block of one row at least): the base one, or a 16th of the whole
+    product up to the large one; the cost model counts them as they are cut."""
+    from polyconv_numpy import _overlap
+
+    blocks = list(_overlap._blocks(batch, rows, row_bytes))
+    covered = [(n, y) for n0, n1, y0, y1 in blocks for n in range(n0, n1) for y in range(y0, y1)]
+    assert covered == [(n, y) for n in range(batch) for y in range(rows)]
+    sizes = [(n1 - n0) * (y1 - y0) * row_bytes for n0, n1, y0, y1 in blocks]
+    assert max(sizes) <= max(budget, row_bytes)
+    if len(blocks) > 1:     # a block takes all the budget holds
+        assert max(sizes) + min(row_bytes, rows * row_bytes) > budget
+    assert _overlap.block_count(batch, rows, row_bytes) == len(blocks)
+
+
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+def test_overlap_in_blocks_of_several_rows_matches_the_oracle(layout, monkeypatch):
+    """A kernel twice the stride on few channels (FCN-8s's up-sampling, small): the product
+    in blocks of several rows of ``b``, accumulated per phase (channels-first) or into the
+    output, against the oracle."""
+    from polyconv_numpy import _overlap
+
+    monkeypatch.setattr(_overlap, "BLOCK_BYTES", 3 * 9 * 64 * 5 * 4)    # 3 rows of b
+    rng = np.random.default_rng(12)
+    src = (2, 5, 9, 9) if layout == "NCX" else (2, 9, 9, 5)
+    x = rng.standard_normal(src).astype(np.float32)
+    w = rng.standard_normal((5, 5, 8, 8)).astype(np.float32)
+    attrs = dict(strides=4, pads_begin=2, pads_end=2, data_format=layout, weights_format="IOX")
+    assert _overlap.block_count(2, 9, 9 * 64 * 5 * 4) == 6
+    with polyconv_numpy.strategy(backward_data="overlap"):
+        y = polyconv.conv_transpose(x, w, **attrs)
+    ref = reference("conv_transpose", x, w, **attrs)
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+
+
 @pytest.mark.parametrize(("op", "spatial", "kernel", "channels", "groups", "expect"), [
     ("convolution_backward_data", (9, 7), (3, 3), (24, 16), 1, True),     # 24 > 8 channels
     ("conv_transpose", (5, 4, 6), (3, 2, 3), (16, 64), 1, True),          # 64: the bound

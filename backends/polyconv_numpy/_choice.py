@@ -51,6 +51,7 @@ from polyconv._geometry import ConvPlan
 from polyconv._measure import Switch, geometry, pick, time_candidates
 from polyconv._phases import adjoint_phases, phases
 
+from ._overlap import block_count
 from ._window import applies as window_applies
 
 ENV = "POLYCONV_NUMPY_STRATEGY"
@@ -257,25 +258,32 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
         gather = (item * (split - ma * ca * (layout - grid_layout) + gathered
                           + mb * cb * (2 * FILL_S + grid_layout))
                   + g * _gemm(rows, t * cg, og) + calls)
+        # a numpy call per tap and block of the product (_overlap.block_count)
+        blocks = block_count(plan.batch, plan.b_spatial[0], plan.strides[0] * 4 * item * t * cb
+                             * math.prod(plan.a_spatial[1:]))
         overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og, True)
                            + mb * cb * (FILL_S + layout))
-                   + g * _gemm(ma, cg, t * og) + t * CALL_S)
+                   + g * _gemm(ma, cg, t * og) + t * CALL_S * blocks)
         return {"gather": gather, "overlap": overlap}
     if primitive == "backward_data":
         gather = (item * (rows * cb * FILL_S + mb * cb * layout
                           + _copy(rows * t * cb, og) + _copy(ma * ca, run_a) + ma * ca * layout)
                   + sum(g * _gemm(rows, ts * og, cg) for ts in per_phase) + calls)
+        # a numpy call per tap and block of the product (_overlap.block_count)
+        blocks = block_count(plan.batch, plan.b_spatial[0],
+                             4 * item * t * ca * math.prod(plan.b_spatial[1:]))
         if not plan.channels_last or cg < 32:      # channels-first accumulators
             read = mb * cb * TRANSPOSE_S if plan.channels_last and g > 1 else 0.0
             moves = (read + _add(mb * t * ca, last_b) + sp * rows * ca * FILL_S
                      + _copy(ma * ca, 1 if plan.strides[-1] > 1 else last_b)
                      + (ma * ca * TRANSPOSE_S if plan.channels_last else 0))
-            # one [T*Cg, Og] x [Og, B..] product per batch element and group
-            product = plan.batch * g * _gemm(t * cg, og, mb // plan.batch)
+            # one [T*Cg, Og] x [Og, columns] product per batch element (or block) and group
+            products = max(plan.batch, blocks)
+            product = products * g * _gemm(t * cg, og, mb / products)
         else:
             moves = mb * cb * FILL_S + _add(mb * t * ca, ca) + 2 * ma * ca * FILL_S
             product = g * _gemm(mb, og, t * cg)
-        overlap = item * moves + product + t * CALL_S
+        overlap = item * moves + product + t * CALL_S * blocks
         return {"gather": gather, "overlap": overlap}
     # backward_weights: gather a's taps (T*Ca per row) or b's (T*Cb per row, per phase)
     common = item * (split + rows * cb * FILL_S + mb * cb * layout)

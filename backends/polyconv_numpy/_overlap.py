@@ -25,7 +25,8 @@ adding it into zeroed accumulators, and fills only the cells no tap reaches (U-N
 stride-2 up-convolutions: 9.7 -> 6.1 ms at 128->64 on 128x128, nnU-Net's 3-D one 6.1 -> 4.7).
 
 Memory: the product is computed per block of the read side (a few batch elements, or a slab of
-the first spatial axis, about :data:`BLOCK_BYTES`) into one reused buffer. backward_data with
+the first spatial axis, about :data:`BLOCK_BYTES`, more for a large product) into one reused
+buffer. backward_data with
 few channels per group (or channels-first data) accumulates per phase of the output,
 channels-first, one block of batch elements at a time (:class:`_PhaseSums`); otherwise the
 accumulator is the output itself when it is channels-last in the accumulation dtype, else one
@@ -48,6 +49,14 @@ from ._common import add_bias, canonical_weights, channels_last_view, dtypes, we
 #: target size of one block of the product (``rows x T*C``); one buffer of it is reused by
 #: every block (a fresh multi-megabyte array pays a page fault per 4 KiB on first touch)
 BLOCK_BYTES = 2 << 20
+#: ... growing to a 16th of the whole product, up to this: each block issues a numpy call per
+#: tap, and many taps on few channels made blocks of one row (FCN-8s's 16x16 stride-8
+#: up-sampling of 21 channels: 64 blocks of 256 adds, 158 ms; 8 blocks 74)
+LARGE_BLOCK_BYTES = 8 << 20
+
+
+def _budget(batch: int, rows0: int, row_bytes: int) -> int:
+    return max(BLOCK_BYTES, min(LARGE_BLOCK_BYTES, batch * rows0 * row_bytes // 16))
 
 
 def _output(plan: ConvPlan, channels: int, spatial: tuple[int, ...], dtype: np.dtype):
@@ -83,17 +92,25 @@ def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 def _blocks(batch: int, rows0: int, row_bytes: int):
     """``(n0, n1, y0, y1)``: batch elements ``n0:n1`` and rows ``y0:y1`` of the first spatial
     axis of the read side, about :data:`BLOCK_BYTES` of product each (``row_bytes`` per row of
-    that axis)."""
-    sample = rows0 * row_bytes
-    if sample <= BLOCK_BYTES:
-        nb = max(1, BLOCK_BYTES // max(sample, 1))
+    that axis; more for a large product: :data:`LARGE_BLOCK_BYTES`)."""
+    sample, budget = rows0 * row_bytes, _budget(batch, rows0, row_bytes)
+    if sample <= budget:
+        nb = max(1, budget // max(sample, 1))
         for n0 in range(0, batch, nb):
             yield n0, min(batch, n0 + nb), 0, rows0
         return
-    step = max(1, BLOCK_BYTES // max(row_bytes, 1))
+    step = max(1, budget // max(row_bytes, 1))
     for n in range(batch):
         for y0 in range(0, rows0, step):
             yield n, n + 1, y0, min(rows0, y0 + step)
+
+
+def block_count(batch: int, rows0: int, row_bytes: int) -> int:
+    """How many blocks :func:`_blocks` cuts (each block issues a numpy call per tap)."""
+    sample, budget = rows0 * row_bytes, _budget(batch, rows0, row_bytes)
+    if sample <= budget:
+        return -(-batch // max(1, budget // max(sample, 1)))
+    return batch * -(-rows0 // max(1, budget // max(row_bytes, 1)))
 
 
 def _clip(win, lo: int, hi: int):
