@@ -356,8 +356,9 @@ def test_numpy_inputs_with_backend_jax_come_back_as_numpy():
 
 def test_precision_default_is_highest_and_can_be_lowered():
     rng = np.random.default_rng(9)
-    x = jnp.asarray(rng.standard_normal((1, 5, 5, 2)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((3, 3, 2, 4)), jnp.float32)
+    # (16 channels: with fewer, the policy takes the elementwise loops, which have no product)
+    x = jnp.asarray(rng.standard_normal((1, 5, 5, 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 3, 16, 24)), jnp.float32)
     text = _hlo(lambda x, w: polyconv.convolution(x, w), x, w)
     assert "precision HIGHEST" in text
     for precision, want in (("default", "DEFAULT"), ("HIGH", "HIGH"),

@@ -121,7 +121,8 @@ def test_sliced_lowerings_are_measured_for_3d_plans(spatial, strides, measured):
     convolution: 3-D plans, for backward_data only without a stride past the first axis;
     the CPU policy takes them without a stride."""
     kernel = (3,) * len(spatial)
-    plan = polyconv.infer_shape("Convolution", (2, *spatial, 4), (*kernel, 4, 8),
+    # (16 channels: with fewer, the policy takes the elementwise loops)
+    plan = polyconv.infer_shape("Convolution", (2, *spatial, 16), (*kernel, 16, 16),
                                 strides=strides, pads_begin=1, pads_end=1)
     for primitive in ("forward", "backward_data", "backward_weights"):
         assert _choice.is_applicable(primitive, plan, "sliced")

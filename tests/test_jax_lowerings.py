@@ -333,7 +333,9 @@ def test_force_lowering_reaches_xla():
         assert len(convs) == 4 and not _lhs_dilated(text) and "dot_general" not in text
         assert all("dim_numbers = [b, 0, f]x[i, o, 0]->[b, 0, f]" in c for c in convs)
     with polyconv_jax.force_lowering(backward_data="grouped"):   # one product per group
-        text = hlo(2)
+        # (16 channels per group: with fewer, the policy takes elementwise loops per group)
+        text = _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2, groups=2),
+                    jnp.ones((1, 4, 4, 32), jnp.float32), jnp.ones((3, 3, 2, 32), jnp.float32))
         assert not _lhs_dilated(text)
         assert text.count("stablehlo.dot_general") + len(_convolutions(text)) >= 2
     with polyconv_jax.force_lowering(backward_data="elementwise"):
@@ -380,6 +382,11 @@ def test_default_lowering_choice():
         return polyconv.infer_shape("ConvTranspose", src, w, **attrs)
 
     assert choose(plan((8, 32, 32, 64), (3, 3, 64, 64))) == "direct"          # no stride
+    # ungrouped, few channels read (b's) and few written: XLA CPU's convolution is slow there
+    assert choose(plan((64, 28, 28, 6), (5, 5, 1, 6))) == "elementwise"       # LeNet's input
+    assert choose(plan((16, 32, 32, 8), (3, 3, 16, 8))) == "elementwise"      # 8 x 16 = 128
+    assert choose(plan((16, 32, 32, 8), (3, 3, 32, 8))) == "direct"           # 8 x 32
+    assert choose(plan((16, 32, 32, 16), (3, 3, 1, 16))) == "direct"          # 16 read
     assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 32, 32))) == "sliced"   # 3-D: 2-D ones
     assert choose(plan((1, 16, 32, 32, 32), (3, 3, 3, 8, 32), groups=4)) == "grouped"
     assert choose(plan((8, 32, 32, 64), (3, 3, 16, 64), groups=4)) == "grouped"
@@ -406,10 +413,14 @@ def test_default_lowering_choice():
         choice = choose(grid_plan)
         assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(grid_plan)
         few_per_group = grid_plan.groups > 1 and grid_plan.b_channels // grid_plan.groups <= 4
-        stride_one = all(s == 1 for s in grid_plan.strides) and not few_per_group
+        few = grid_plan.groups == 1 and grid_plan.b_channels <= 8 and (
+            grid_plan.a_channels * grid_plan.b_channels <= 128)
+        stride_one = all(s == 1 for s in grid_plan.strides) and not (few_per_group or few)
         sliced = stride_one and nd == 3 and grid_plan.groups == 1     # 2-D convolutions
-        assert (choice, choice == "direct") == ("sliced" if sliced else choice,
-                                                stride_one and not sliced)
+        grouped = stride_one and grid_plan.groups > 1
+        expect = "sliced" if sliced else "grouped" if grouped else choice
+        assert (choice, choice == "direct") == (expect, stride_one and expect == "direct")
+        assert (choice == "elementwise") == (few_per_group or few), grid_plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,11 +468,18 @@ def test_default_forward_choice():
 
     assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "elementwise"
     assert choose(plan((4, 56, 56, 128), (3, 3, 4, 128), groups=32)) == "elementwise"
+    # ungrouped, up to 4 input channels and Ca*Cb up to 128 (LeNet-5's first layer, 3->32)
+    assert choose(plan((64, 28, 28, 1), (5, 5, 1, 6))) == "elementwise"
+    assert choose(plan((32, 32, 32, 3), (3, 3, 3, 32))) == "elementwise"
+    assert choose(plan((16, 32, 32, 8), (3, 3, 8, 16))) == "direct"           # 8 read
+    assert choose(plan((4, 224, 224, 3), (7, 7, 3, 64), strides=2)) != "elementwise"  # 192
     # more channels per group: one ungrouped convolution per group, up to the bound
     assert choose(plan((4, 56, 56, 64), (3, 3, 16, 64), groups=4)) == "grouped"
     assert choose(plan((4, 56, 56, 256), (3, 3, 8, 256), groups=32)) == "grouped"
     assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "direct"
-    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "patches_matmul"
+    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "elementwise"
+    # few input columns (Ca*prod(K) = 54) and too many outputs for the loops: gather, multiply
+    assert choose(plan((8, 32, 32, 32, 2), (3, 3, 3, 2, 128), strides=2)) == "patches_matmul"
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32))) == "sliced"
     assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64))) == "direct"
 
@@ -877,7 +895,9 @@ def pad_every_unpadded_conv(monkeypatch):
     threshold)."""
     jax.clear_caches()
     monkeypatch.setattr(_xla, "PAD_FAST_PATH_MACS", 0)
-    yield
+    # the forward convolution itself (the policy takes elementwise loops for so few channels)
+    with polyconv_jax.force_lowering(forward="direct"):
+        yield
     jax.clear_caches()
 
 
@@ -970,7 +990,8 @@ def test_one_padded_row_is_taken_where_it_pays():
     assert pads((1, 18, 18, 64), (3, 3, 64, 64)) == ["[[0, 0], [0, 0]]"]         # small
     assert pads((8, 64, 64, 256), (2, 2, 256, 256), strides=2) == ["[[0, 0], [0, 0]]"]
     assert pads((8, 58, 58, 64), (3, 3, 64, 64), pads_begin=1) == ["[[1, 0], [1, 0]]"]
-    assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
+    with polyconv_jax.force_lowering(forward="direct"):     # one grouped convolution
+        assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
     assert pads((8, 4000, 256), (16, 256, 128)) == ["[[0, 0]]"]
 
 

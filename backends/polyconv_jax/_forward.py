@@ -435,6 +435,22 @@ def few_per_group(plan: ConvPlan, channels: int) -> bool:
     XLA CPU's grouped convolution for the elementwise lowerings."""
     return plan.groups > 1 and channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS
 
+
+#: ungrouped plans with few contracted channels take the elementwise lowerings by policy
+#: while ``Ca*Cb`` is at most this (XLA CPU's convolution of 1-4 input channels is a slow
+#: path: LeNet-5's 1->6 5x5 forward 3.4-4.1 ms against 0.5-0.8, a 3->32 3x3 5.4 against
+#: 0.7, a 3->8 3x3x3 37 against 2.2; from 192, ResNet-50's 3->64 stem and DCGAN's 3->64
+#: discriminator input, its loops lost 1.3-2.2x)
+ELEMENTWISE_POLICY_PRODUCT = 128
+
+
+def few_channels(plan: ConvPlan, contracted: int, most: int) -> bool:
+    """Whether ``plan`` is ungrouped with at most ``most`` ``contracted`` channels and at most
+    :data:`ELEMENTWISE_POLICY_PRODUCT` as ``Ca*Cb``: where the default policies take the
+    elementwise lowerings over XLA CPU's convolution."""
+    return (plan.groups == 1 and contracted <= most
+            and plan.a_channels * plan.b_channels <= ELEMENTWISE_POLICY_PRODUCT)
+
 def _forward_grouped(plan: ConvPlan, precision, a, w):
     """One ungrouped forward convolution per group (:func:`polyconv_jax._choice.per_group`),
     joined along the channel axis: group ``g`` reads channels ``[g*Ca/G, (g+1)*Ca/G)`` of
@@ -475,13 +491,16 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
 def choose_forward(plan: ConvPlan) -> str:
     """The default forward lowering on CPU: ``elementwise`` for groups with at most
     :data:`ELEMENTWISE_POLICY_CHANNELS` input channels each (XLA CPU's grouped convolution
-    is a slow path: 40x for a depthwise 3x3, 6x more with a stride), ``grouped`` for other
+    is a slow path: 40x for a depthwise 3x3, 6x more with a stride) and for ungrouped plans
+    of as few input channels and few output ones (:func:`few_channels`), ``grouped`` for other
     groups up to :data:`GROUPED_MAX_GROUPS` (that path costs about as much as the ungrouped
     convolution: 4 groups of 16 channels 3.5-4x, of 512 5-8x), ``patches_matmul`` for
-    ungrouped plans with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds or
-    more: 3-D 1->64 k3 s2, 3x), ``sliced`` where :func:`~polyconv_jax._sliced.slices`
+    other ungrouped plans with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds
+    or more: 3-D 2->128 k3 s2; 3-D 1->64 k3 s2 3.3 ms against 22, ``elementwise`` 2.0),
+    ``sliced`` where :func:`~polyconv_jax._sliced.slices`
     (3-4x), else ``direct``."""
-    if few_per_group(plan, plan.a_channels):
+    if (few_per_group(plan, plan.a_channels)
+            or few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS)):
         return "elementwise"
     if plan.groups > 1:
         return "grouped" if plan.groups <= GROUPED_MAX_GROUPS else "direct"
