@@ -39,14 +39,19 @@ class Layer:
         return 2.0 * self.plan.macs
 
 
+def _kernel(k, d: int) -> tuple[int, ...]:
+    """A kernel's sizes: ``k`` as given (a tuple) or ``d`` times (a number)."""
+    return tuple(k) if isinstance(k, tuple) else (k,) * d
+
+
 def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", source=""):
     """A ConvTranspose layer; weights in the framework's layout for ``fmt`` (torch's IOX for
     channels-first, Flax's XIO-like XOI for channels-last)."""
     d = len(src) - 1            # src: batch and spatial sizes
     if fmt == "NCX":
-        shape, wshape, wfmt = (src[0], ic, *src[1:]), (ic, oc, *(k,) * d), "IOX"
+        shape, wshape, wfmt = (src[0], ic, *src[1:]), (ic, oc, *_kernel(k, d)), "IOX"
     else:
-        shape, wshape, wfmt = (*src, ic), (*(k,) * d, oc, ic), "XOI"
+        shape, wshape, wfmt = (*src, ic), (*_kernel(k, d), oc, ic), "XOI"
     return Layer(model, name, "conv_transpose", shape, wshape,
                  dict(strides=s, pads_begin=p, pads_end=p, output_padding=op,
                       data_format=fmt, weights_format=wfmt), dtype, source)
@@ -59,7 +64,8 @@ def _conv(model, name, src, ic, oc, k, s, p, groups=1, fmt="NXC", source="", wfm
     d = len(src) - 1            # src: batch and spatial sizes
     shape = (src[0], ic, *src[1:]) if fmt == "NCX" else (*src, ic)
     wfmt = wfmt or ("OIX" if fmt == "NCX" else "XIO")
-    wshape = {"OIX": (oc, ic // groups, *(k,) * d), "XIO": (*(k,) * d, ic // groups, oc)}[wfmt]
+    ks = _kernel(k, d)
+    wshape = {"OIX": (oc, ic // groups, *ks), "XIO": (*ks, ic // groups, oc)}[wfmt]
     return Layer(model, name, "convolution", shape, wshape,
                  dict(strides=s, pads_begin=p, pads_end=p, dilations=dilation, groups=groups,
                       data_format=fmt, weights_format=wfmt), "float32", source)
@@ -93,6 +99,16 @@ _MASKRCNN = "torchvision maskrcnn_resnet50_fpn MaskRCNNPredictor conv5_mask (32 
 _WAVENET = ("ibab/tensorflow-wavenet / r9y9 wavenet_vocoder dilated causal conv (64 residual "
             "channels, gate and filter together, dilation 8), on its left-padded input")
 _SDVAE = "CompVis/stable-diffusion Decoder mid-block ResnetBlock conv (512 channels, 32x32 latent)"
+_STYLEGAN2 = ("NVlabs/stylegan2-ada-pytorch training/networks.py modulated_conv2d with "
+              "fused_modconv: a batch of 4 as 4 groups of 512 channels, 3x3 at 16x16")
+_INCEPTION = "torchvision inception_v3 InceptionC branch7x7 (17x17 grid, c7 = 128; 1x7 then 7x1)"
+_CONFORMER = ("pytorch/audio torchaudio/models/conformer.py _ConvolutionModule depthwise conv "
+              "(kernel 31, 256 channels), 512 frames")
+_FCN = ("shelhamer/fcn.berkeleyvision.org voc-fcn8s upscore8 (Deconvolution 21->21, kernel 16, "
+        "stride 8), padded 4 instead of cropped, 64x64 -> 512x512")
+_PIX2PIX = ("junyanz/pytorch-CycleGAN-and-pix2pix networks.py UnetSkipConnectionBlock "
+            "outermost upconv (128->3, k4 s2 p1), 256x256 image")
+_MNIST = "pytorch/examples mnist/main.py Net conv1 (1->32, 3x3), batch 64"
 
 LAYERS: tuple[Layer, ...] = (
     _ct("DCGAN G", "ConvT 512->256 k4 s2 4x4", (16, 4, 4), 512, 256, 4, 2, 1, source=_DCGAN),
@@ -165,4 +181,18 @@ LAYERS: tuple[Layer, ...] = (
           dilation=8, source=_WAVENET),
     _conv("SD VAE", "Conv 512->512 k3 32x32 NCX", (1, 32, 32), 512, 512, 3, 1, 1, fmt="NCX",
           source=_SDVAE),
+    _conv("StyleGAN2", "modulated Conv 4x512 groups k3 16x16 NCX", (1, 16, 16), 2048, 2048,
+          3, 1, 1, groups=4, fmt="NCX", source=_STYLEGAN2),
+    _conv("Inception-v3", "Conv 1x7 128->128 17x17", (8, 17, 17), 128, 128, (1, 7), 1,
+          (0, 3), source=_INCEPTION),
+    _conv("Inception-v3", "Conv 7x1 128->192 17x17 NCX", (8, 17, 17), 128, 192, (7, 1), 1,
+          (3, 0), fmt="NCX", source=_INCEPTION),
+    _conv("Conformer", "depthwise Conv1d 256 k31 NCX", (4, 512), 256, 256, 31, 1, 15,
+          groups=256, fmt="NCX", source=_CONFORMER),
+    _ct("FCN-8s", "ConvT 21->21 k16 s8 64x64 NCX", (1, 64, 64), 21, 21, 16, 8, 4, fmt="NCX",
+        source=_FCN),
+    _ct("pix2pix", "ConvT 128->3 k4 s2 128x128 NCX", (1, 128, 128), 128, 3, 4, 2, 1,
+        fmt="NCX", source=_PIX2PIX),
+    _conv("MNIST CNN", "Conv 1->32 k3 28x28 NCX", (64, 28, 28), 1, 32, 3, 1, 0, fmt="NCX",
+          source=_MNIST),
 )
