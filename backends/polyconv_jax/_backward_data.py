@@ -219,22 +219,10 @@ def _folded(plan: ConvPlan, precision, b, w):
 
 
 def _grouped(plan: ConvPlan, precision, b, w):
-    """One ungrouped backward_data per group (:func:`polyconv_jax._choice.per_group`), joined
-    along the channel axis: group ``g`` reads channels ``[g*Cb/G, (g+1)*Cb/G)`` of ``b`` and
-    rows ``[g*Cb/G, ..)`` of ``W`` and writes channels ``[g*Ca/G, ..)``. XLA's CPU grouped
-    convolutions (``feature_group_count``) cost about as much as ungrouped ones; G separate
-    products cost ``1/G`` each.
-    """
-    g = plan.groups
-    cb_g = plan.b_channels // g
-    from ._choice import per_group  # (that module imports this one)
+    """One ungrouped backward_data per group (:func:`polyconv_jax._choice.by_group`)."""
+    from ._choice import by_group  # (that module imports this one)
 
-    sub, inner = per_group("backward_data", plan, precision)
-    parts = [inner(sub, precision,
-                   lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=plan.channel_axis),
-                   lax.slice_in_dim(w, i * cb_g, (i + 1) * cb_g, axis=plan.weights_perm[0]))
-             for i in range(g)]
-    return jnp.concatenate(parts, axis=plan.channel_axis)
+    return by_group("backward_data", plan, precision, b, w)
 
 
 def _matmul_overlap_add(plan: ConvPlan, precision, b, w):

@@ -209,17 +209,11 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
 
 
 def _weights_grouped(plan: ConvPlan, precision, a, b):
-    """One ungrouped backward_weights per group (:func:`polyconv_jax._choice.per_group`),
-    joined along the weights' ``Cb`` axis (XLA's ``batch_group_count`` is slow on CPU)."""
-    g = plan.groups
-    ca_g, cb_g = plan.a_channels // g, plan.b_channels // g
-    from ._choice import per_group  # (that module imports this one)
+    """One ungrouped backward_weights per group (:func:`polyconv_jax._choice.by_group`;
+    XLA's ``batch_group_count`` is slow on CPU)."""
+    from ._choice import by_group  # (that module imports this one)
 
-    sub, inner = per_group("backward_weights", plan, precision)
-    c = plan.channel_axis
-    parts = [inner(sub, precision, lax.slice_in_dim(a, i * ca_g, (i + 1) * ca_g, axis=c),
-                   lax.slice_in_dim(b, i * cb_g, (i + 1) * cb_g, axis=c)) for i in range(g)]
-    return jnp.concatenate(parts, axis=plan.weights_perm[0])
+    return by_group("backward_weights", plan, precision, a, b)
 
 
 #: channels of ``a`` up to which :func:`_weights_patches` gathers channels-first patches from

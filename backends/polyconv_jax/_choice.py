@@ -43,6 +43,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from polyconv import ConvPlan
 from polyconv._measure import Switch, geometry, pick, time_candidates
@@ -295,14 +296,25 @@ def choose(primitive: str, plan: ConvPlan, precision, repeats: int = 1) -> str:
     return _measured(primitive, plan, precision, names)
 
 
-def per_group(primitive: str, plan: ConvPlan, precision):
-    """A per-group lowering's inner problem: one group of ``plan`` as an ungrouped plan, and
-    the lowering that computes it, chosen as the ``G`` copies the program holds (:func:`choose`'s
-    ``repeats``)."""
+def by_group(primitive: str, plan: ConvPlan, precision, x, y):
+    """The per-group lowerings (``grouped``): one ungrouped problem per group, joined along
+    the result's channel axis (the weights' ``Cb`` axis for a weight gradient). Group ``g``
+    reads its channels of each operand (``Ca/G`` of ``a``, ``Cb/G`` of ``b``, rows ``[g*Cb/G,
+    ..)`` of ``W``). The inner problem's lowering is chosen as the ``G`` copies the program
+    holds (:func:`choose`'s ``repeats``). XLA CPU's grouped convolutions
+    (``feature_group_count``, ``batch_group_count``) cost about as much as ungrouped ones of
+    the same width; ``G`` separate ones cost ``1/G`` each."""
     g = plan.groups
-    sub = plan.with_(groups=1, a_channels=plan.a_channels // g,
-                     b_channels=plan.b_channels // g)
-    return sub, IMPLEMENTATIONS[primitive][choose(primitive, sub, precision, repeats=g)]
+    ca, cb = plan.a_channels // g, plan.b_channels // g
+    sub = plan.with_(groups=1, a_channels=ca, b_channels=cb)
+    inner = IMPLEMENTATIONS[primitive][choose(primitive, sub, precision, repeats=g)]
+    c, o = plan.channel_axis, plan.weights_perm[0]
+    x_size, y_size, y_axis, joined = {"forward": (ca, cb, o, c), "backward_data": (cb, cb, o, c),
+                                      "backward_weights": (ca, cb, c, o)}[primitive]
+    parts = [inner(sub, precision, lax.slice_in_dim(x, i * x_size, (i + 1) * x_size, axis=c),
+                   lax.slice_in_dim(y, i * y_size, (i + 1) * y_size, axis=y_axis))
+             for i in range(g)]
+    return jnp.concatenate(parts, axis=joined)
 
 
 # --------------------------------------------------------------------------------------------

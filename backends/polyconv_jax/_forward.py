@@ -452,21 +452,12 @@ def few_channels(plan: ConvPlan, contracted: int, most: int) -> bool:
             and plan.a_channels * plan.b_channels <= ELEMENTWISE_POLICY_PRODUCT)
 
 def _forward_grouped(plan: ConvPlan, precision, a, w):
-    """One ungrouped forward convolution per group (:func:`polyconv_jax._choice.per_group`),
-    joined along the channel axis: group ``g`` reads channels ``[g*Ca/G, (g+1)*Ca/G)`` of
-    ``a`` and rows ``[g*Cb/G, ..)`` of ``W`` and writes channels ``[g*Cb/G, ..)``. XLA CPU's
-    grouped convolution (``feature_group_count``) costs about as much as the ungrouped one
-    (StyleGAN2's modulated 3x3, 4 groups of 512: 290 ms against 4 x 13)."""
-    g = plan.groups
-    ca_g, cb_g = plan.a_channels // g, plan.b_channels // g
-    from ._choice import per_group  # (that module imports this one)
+    """One ungrouped forward convolution per group (:func:`polyconv_jax._choice.by_group`):
+    XLA CPU's grouped convolution costs about as much as the ungrouped one (StyleGAN2's
+    modulated 3x3, 4 groups of 512: 254 ms against 33-48)."""
+    from ._choice import by_group  # (that module imports this one)
 
-    sub, inner = per_group("forward", plan, precision)
-    c = plan.channel_axis
-    parts = [inner(sub, precision, lax.slice_in_dim(a, i * ca_g, (i + 1) * ca_g, axis=c),
-                   lax.slice_in_dim(w, i * cb_g, (i + 1) * cb_g, axis=plan.weights_perm[0]))
-             for i in range(g)]
-    return jnp.concatenate(parts, axis=c)
+    return by_group("forward", plan, precision, a, w)
 
 
 #: the forward lowerings, by name; the first is the plain one
