@@ -451,6 +451,7 @@ def few_channels(plan: ConvPlan, contracted: int, most: int) -> bool:
     return (plan.groups == 1 and contracted <= most
             and plan.a_channels * plan.b_channels <= ELEMENTWISE_POLICY_PRODUCT)
 
+
 def _forward_grouped(plan: ConvPlan, precision, a, w):
     """One ungrouped forward convolution per group (:func:`polyconv_jax._choice.by_group`):
     XLA CPU's grouped convolution costs about as much as the ungrouped one (StyleGAN2's

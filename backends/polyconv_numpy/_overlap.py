@@ -26,11 +26,10 @@ stride-2 up-convolutions: 9.7 -> 6.1 ms at 128->64 on 128x128, nnU-Net's 3-D one
 
 Memory: the product is computed per block of the read side (a few batch elements, or a slab of
 the first spatial axis, about :data:`BLOCK_BYTES`, more for a large product) into one reused
-buffer. backward_data with
-few channels per group (or channels-first data) accumulates per phase of the output,
-channels-first, one block of batch elements at a time (:class:`_PhaseSums`); otherwise the
-accumulator is the output itself when it is channels-last in the accumulation dtype, else one
-block of batch elements.
+buffer. backward_data with few channels per group (or channels-first data) accumulates per
+phase of the output, channels-first, one block of batch elements at a time
+(:class:`_PhaseSums`); otherwise the accumulator is the output itself when it is channels-last
+in the accumulation dtype, else one block of batch elements.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ from ._common import add_bias, canonical_weights, channels_last_view, dtypes, we
 BLOCK_BYTES = 2 << 20
 #: ... growing to a 16th of the whole product, up to this: each block issues a numpy call per
 #: tap, and many taps on few channels made blocks of one row (FCN-8s's 16x16 stride-8
-#: up-sampling of 21 channels: 64 blocks of 256 adds, 158 ms; 8 blocks 74)
+#: up-sampling of 21 channels: 64 blocks of 256 adds, 158 ms; 16 blocks, 65-74)
 LARGE_BLOCK_BYTES = 8 << 20
 
 
