@@ -612,6 +612,14 @@ def test_overlap_in_blocks_of_several_rows_matches_the_oracle(layout, monkeypatc
     w = rng.standard_normal((5, 5, 8, 8)).astype(np.float32)
     attrs = dict(strides=4, pads_begin=2, pads_end=2, data_format=layout, weights_format="IOX")
     assert _overlap.block_count(2, 9, 9 * 64 * 5 * 4) == 6
+    # a row of b: 9 positions x 64 taps x 5 channels written, float32
+    plan = polyconv.infer_shape("conv_transpose", x.shape, w.shape, **attrs)
+    assert _overlap.product_row_bytes(plan, "backward_data", 4) == 9 * 64 * 5 * 4
+    assert _overlap.plan_blocks(plan, "backward_data", 4) == 6
+    # forward: a row of b reads 4 (the stride) rows of a, 9 positions each, 64 taps x 5
+    fplan = polyconv.infer_shape("convolution", x.shape, w.shape,
+                                 **{**attrs, "weights_format": "OIX"})
+    assert _overlap.product_row_bytes(fplan, "forward", 4) == 4 * 9 * 64 * 5 * 4
     with polyconv_numpy.strategy(backward_data="overlap"):
         y = polyconv.conv_transpose(x, w, **attrs)
     ref = reference("conv_transpose", x, w, **attrs)

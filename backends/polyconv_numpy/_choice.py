@@ -51,7 +51,7 @@ from polyconv._geometry import ConvPlan
 from polyconv._measure import Switch, geometry, pick, time_candidates
 from polyconv._phases import adjoint_phases, phases
 
-from ._overlap import block_count
+from ._overlap import plan_blocks
 from ._window import applies as window_applies
 
 ENV = "POLYCONV_NUMPY_STRATEGY"
@@ -258,9 +258,8 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
         gather = (item * (split - ma * ca * (layout - grid_layout) + gathered
                           + mb * cb * (2 * FILL_S + grid_layout))
                   + g * _gemm(rows, t * cg, og) + calls)
-        # a numpy call per tap and block of the product (_overlap.block_count)
-        blocks = block_count(plan.batch, plan.b_spatial[0], plan.strides[0] * 4 * item * t * cb
-                             * math.prod(plan.a_spatial[1:]))
+        # a numpy call per tap and block of the product
+        blocks = plan_blocks(plan, primitive, 4 * item)
         overlap = (item * (ma * ca * (FILL_S + layout) + _add(mb * t * cb, og, True)
                            + mb * cb * (FILL_S + layout))
                    + g * _gemm(ma, cg, t * og) + t * CALL_S * blocks)
@@ -269,9 +268,8 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
         gather = (item * (rows * cb * FILL_S + mb * cb * layout
                           + _copy(rows * t * cb, og) + _copy(ma * ca, run_a) + ma * ca * layout)
                   + sum(g * _gemm(rows, ts * og, cg) for ts in per_phase) + calls)
-        # a numpy call per tap and block of the product (_overlap.block_count)
-        blocks = block_count(plan.batch, plan.b_spatial[0],
-                             4 * item * t * ca * math.prod(plan.b_spatial[1:]))
+        # a numpy call per tap and block of the product
+        blocks = plan_blocks(plan, primitive, 4 * item)
         if not plan.channels_last or cg < 32:      # channels-first accumulators
             read = mb * cb * TRANSPOSE_S if plan.channels_last and g > 1 else 0.0
             moves = (read + _add(mb * t * ca, last_b) + sp * rows * ca * FILL_S

@@ -106,10 +106,22 @@ def _blocks(batch: int, rows0: int, row_bytes: int):
 
 def block_count(batch: int, rows0: int, row_bytes: int) -> int:
     """How many blocks :func:`_blocks` cuts (each block issues a numpy call per tap)."""
-    sample, budget = rows0 * row_bytes, _budget(batch, rows0, row_bytes)
-    if sample <= budget:
-        return -(-batch // max(1, budget // max(sample, 1)))
-    return batch * -(-rows0 // max(1, budget // max(row_bytes, 1)))
+    return sum(1 for _ in _blocks(batch, rows0, row_bytes))
+
+
+def plan_blocks(plan: ConvPlan, primitive: str, itemsize: int) -> int:
+    """How many blocks ``primitive`` (forward or backward_data) cuts ``plan``'s product into."""
+    return block_count(plan.batch, plan.b_spatial[0], product_row_bytes(plan, primitive, itemsize))
+
+
+def product_row_bytes(plan: ConvPlan, primitive: str, itemsize: int) -> int:
+    """Bytes of the product per row of ``b``'s first spatial axis, the axis :func:`_blocks`
+    cuts: ``T*Ca`` per position of ``b`` for backward_data; for forward ``T*Cb`` per position
+    of the ``s0`` rows of ``a`` that a row of ``b`` reads."""
+    t = math.prod(plan.kernel)
+    if primitive == "backward_data":
+        return math.prod(plan.b_spatial[1:]) * t * plan.a_channels * itemsize
+    return plan.strides[0] * math.prod(plan.a_spatial[1:]) * t * plan.b_channels * itemsize
 
 
 def _clip(win, lo: int, hi: int):
@@ -261,7 +273,8 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     single = phases(plan).one_tap_per_phase
     if single and not phases(plan).windows_cover:       # cells no tap reaches: the bias alone
         out_cl[...] = 0 if bias is None else np.asarray(bias).astype(acc)
-    for n0, n1, y0, y1 in _blocks(n, bsp[0], rest * t_n * plan.a_channels * acc.itemsize):
+    per_row = product_row_bytes(plan, "backward_data", acc.itemsize)
+    for n0, n1, y0, y1 in _blocks(n, bsp[0], per_row):
         nb = n1 - n0
         if not single and (n0, n1) != sums.block:
             sums.flush(out_cf, bias)
@@ -312,12 +325,12 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     direct = plan.channels_last and out_dtype == acc
     g, cg = plan.groups, wt.cg
     b_rest = plan.b_spatial[1:]
-    row_bytes = math.prod(b_rest) * wt.t * plan.a_channels * acc.itemsize
     scratch = _Scratch(acc)
     # one term per cell (e.g. kernel = stride): copies, into an accumulator zeroed only where
     # some cells receive no term
     single = phases(plan).one_tap_per_phase
-    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct, row_bytes,
+    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct,
+                                            product_row_bytes(plan, "backward_data", acc.itemsize),
                                             (*plan.a_spatial, plan.a_channels), acc,
                                             zero=not (single and phases(plan).windows_cover)):
         nb = n1 - n0
@@ -335,7 +348,7 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     return out
 
 
-def _accumulated(plan: ConvPlan, out_cl: np.ndarray, bias: Any, direct: bool, row_bytes: int,
+def _accumulated(plan: ConvPlan, out_cl: np.ndarray, bias: Any, direct: bool, per_row: int,
                  shape: tuple[int, ...], acc, zero: bool = True):
     """The blocks ``(n0, n1, y0, y1)`` of :func:`_blocks`, each with the accumulator of its
     batch block ``n0:n1``, zeroed unless not ``zero`` (``shape`` is one batch element's
@@ -343,7 +356,7 @@ def _accumulated(plan: ConvPlan, out_cl: np.ndarray, bias: Any, direct: bool, ro
     ``direct`` accumulates in ``out_cl`` itself; otherwise each batch block's accumulator is
     rounded into ``out_cl``, with the bias, once its last block has been added."""
     buf, prev = None, None
-    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], row_bytes):
+    for n0, n1, y0, y1 in _blocks(plan.batch, plan.b_spatial[0], per_row):
         if (n0, n1) != prev:            # a new batch block: a fresh accumulator
             if prev is not None and not direct:
                 _finish(out_cl, prev, buf, bias)
@@ -374,11 +387,10 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out, out_cl = _output(plan, plan.b_channels, plan.b_spatial, out_dtype)
     direct = plan.channels_last and out_dtype == acc
     g, og = plan.groups, wt.og
-    a_rest, s0 = plan.a_spatial[1:], plan.strides[0]
-    # a slab of b rows reads about s0 rows of a per row
-    row_bytes = s0 * math.prod(a_rest) * wt.t * plan.b_channels * acc.itemsize
+    a_rest = plan.a_spatial[1:]
     scratch = _Scratch(acc)
-    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct, row_bytes,
+    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct,
+                                            product_row_bytes(plan, "forward", acc.itemsize),
                                             (*plan.b_spatial, plan.b_channels), acc):
         nb = n1 - n0
         wins = _windows(plan, y0, y1)
