@@ -19,7 +19,6 @@ from polyconv import ConvPlan
 from . import _sliced, _taps
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
-    GROUPED_MAX_GROUPS,
     channel_vector,
     few_channels,
     few_per_group,
@@ -27,6 +26,7 @@ from ._forward import (
     folded_conv,
     forward_elementwise,
     group_channels,
+    splits_by_group,
     splits_by_regions,
     sum_by_first_tap,
     taps_first,
@@ -312,7 +312,7 @@ def applicable(plan: ConvPlan, lowering: str) -> bool:
     if lowering == "elementwise":
         return plan.b_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
     if lowering == "grouped":
-        return 1 < plan.groups <= GROUPED_MAX_GROUPS
+        return splits_by_group(plan)
     if lowering in ("matmul_overlap_add", "taps"):
         return plan.groups == 1
     return lowering in BACKWARD_DATA
@@ -382,18 +382,17 @@ def choose_backward_data(plan: ConvPlan) -> str:
        slow, and ``phases_matmul``'s patches of all taps cost more than its products).
     9. 4-D and up: ``phases_matmul``.
     """
-    g = plan.groups
     if (few_per_group(plan, plan.b_channels)
             or few_channels(plan, plan.b_channels, ELEMENTWISE_MAX_CHANNELS)):
         return "elementwise"
     if all(s == 1 for s in plan.strides):
-        if 1 < g <= GROUPED_MAX_GROUPS:
+        if splits_by_group(plan):
             return "grouped"
         return "sliced" if _sliced.slices(plan) else "direct"
     if narrow(plan):
         return "matmul_overlap_add"
-    if g > 1:
-        return "grouped" if g <= GROUPED_MAX_GROUPS else "phases_matmul"
+    if plan.groups > 1:
+        return "grouped" if splits_by_group(plan) else "phases_matmul"
     axes = _phases(plan)
     if all(len(taps) <= 1 for p in axes for taps in p.taps):
         return "phases_matmul"

@@ -15,7 +15,6 @@ from . import _sliced, _taps
 from ._backward_data import narrow
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
-    GROUPED_MAX_GROUPS,
     few_per_group,
     folded_operand,
     folded_spec,
@@ -24,6 +23,7 @@ from ._forward import (
     patches,
     patches_fit,
     read_pads,
+    splits_by_group,
     windows,
 )
 from ._subpixel import _phases
@@ -321,7 +321,7 @@ def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
         return (plan.b_channels == plan.groups
                 and plan.a_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS)
     if lowering == "grouped":
-        return 1 < plan.groups <= GROUPED_MAX_GROUPS
+        return splits_by_group(plan)
     if lowering == "bands":
         return 1 < plan.batch * len(band_edges(plan)) <= BAND_PIECES
     if lowering == "patches_matmul":
@@ -351,7 +351,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     if plan.groups > 1:
         if plan.b_channels == plan.groups and few_per_group(plan, plan.a_channels):
             return "depthwise"
-        return "grouped" if plan.groups <= GROUPED_MAX_GROUPS else "direct"
+        return "grouped" if splits_by_group(plan) else "direct"
     if plan.ndim >= 3 and any(s > 1 for s in plan.strides):
         return "phases"
     if _sliced.slices(plan):

@@ -420,6 +420,13 @@ PATCHES_MAX_GROWTH = 32
 #: 12x slower than ``depthwise``), so beyond this they are neither chosen nor measured.
 GROUPED_MAX_GROUPS = 32
 
+
+def splits_by_group(plan: ConvPlan) -> bool:
+    """Whether the per-group lowerings (``grouped``) apply: 2 to :data:`GROUPED_MAX_GROUPS`
+    groups."""
+    return 1 < plan.groups <= GROUPED_MAX_GROUPS
+
+
 #: the elementwise lowerings handle at most this many channels per group on their
 #: contracted side (their cost grows with it; a matrix product's does not)
 ELEMENTWISE_MAX_CHANNELS = 8
@@ -476,7 +483,7 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
     if lowering == "taps":
         return plan.groups == 1
     if lowering == "grouped":
-        return 1 < plan.groups <= GROUPED_MAX_GROUPS
+        return splits_by_group(plan)
     return lowering in FORWARD
 
 
@@ -495,7 +502,7 @@ def choose_forward(plan: ConvPlan) -> str:
             or few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS)):
         return "elementwise"
     if plan.groups > 1:
-        return "grouped" if plan.groups <= GROUPED_MAX_GROUPS else "direct"
+        return "grouped" if splits_by_group(plan) else "direct"
     from ._backward_data import narrow  # (that module imports this one)
 
     if narrow(plan) and patches_fit(plan):
