@@ -253,6 +253,26 @@ def test_the_cache_file(measuring, monkeypatch):
     assert len(calls) == 2
 
 
+def test_measurements_are_kept_per_xla_options(measuring, monkeypatch):
+    """XLA's options change what every candidate compiles to: a choice measured (or stored
+    in the cache file) under one ``XLA_FLAGS`` is not reused under another."""
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    plan = _plan()
+    _choice.choose("backward_data", plan, None)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_min_max=false")
+    _choice.choose("backward_data", plan, None)
+    assert len(calls) == 2
+    # the same options, spaced differently, are the same key
+    monkeypatch.setenv("XLA_FLAGS", "  --xla_cpu_enable_fast_min_max=false ")
+    _choice.choose("backward_data", plan, None)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    _choice.choose("backward_data", plan, None)
+    assert len(calls) == 2
+    assert len(_choice.measured_choices()) == 2
+
+
 def test_measure_times_every_candidate_and_drops_slow_ones():
     """The real measurement on a small plan: every candidate compiles and runs; one whose
     first call is far slower than the best is timed once only."""

@@ -11,7 +11,8 @@ primitive is traced, in this order:
    accelerator, :data:`MEASURE_QUEUED_CALLS` calls queued at a time), and the
    fastest (by its fastest call; the plain lowering when within 10%, else the policy's when
    within 3%) is kept for the process (and in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON file,
-   when set), per (platform, device kind, primitive, geometry, dtype, precision). The plain
+   when set), per (platform, device kind, XLA options, primitive, geometry, dtype,
+   precision). The plain
    lowering is always a candidate, so the choice cannot lose to it by more than the noise
    of the measurement. Plans under :data:`MEASURE_MIN_MACS` multiply-adds are not
    measured: there is too little to win;
@@ -329,9 +330,12 @@ _loaded_from: str | None = None
 
 
 def plan_key(primitive: str, plan: ConvPlan, precision) -> str:
-    """The measurement's key: device, JAX version, primitive, geometry, dtype, precision."""
+    """The measurement's key: device, JAX version, the process's XLA options (``XLA_FLAGS``,
+    which change how XLA compiles every candidate), primitive, geometry, dtype, precision."""
     device = jax.devices()[0]
-    return "|".join((device.platform, device.device_kind, jax.__version__, primitive,
+    flags = " ".join(os.environ.get("XLA_FLAGS", "").split())
+    return "|".join((device.platform, device.device_kind, jax.__version__,
+                     *([f"XLA_FLAGS={flags}"] if flags else []), primitive,
                      geometry(plan), repr(precision)))
 
 
