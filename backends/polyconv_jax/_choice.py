@@ -12,10 +12,9 @@ primitive is traced, in this order:
    fastest (by its fastest call; the plain lowering when within 10%, else the policy's when
    within 3%) is kept for the process (and in ``POLYCONV_JAX_AUTOTUNE_CACHE``, a JSON file,
    when set), per (platform, device kind, XLA options, primitive, geometry, dtype,
-   precision). The plain
-   lowering is always a candidate, so the choice cannot lose to it by more than the noise
-   of the measurement. Plans under :data:`MEASURE_MIN_MACS` multiply-adds are not
-   measured: there is too little to win;
+   precision). The plain lowering is always a candidate, so the choice cannot lose to it by
+   more than the noise of the measurement. Plans under :data:`MEASURE_MIN_MACS`
+   multiply-adds are not measured: there is too little to win;
 3. otherwise the platform's default policy: on CPU the rules of each family's ``choose_*``
    (set from measurements on a 2-core x86 CPU); on GPU :func:`gpu_policy` (set from
    measurements on an H100); elsewhere (TPU, not measured) the plain lowering, which is what
