@@ -149,6 +149,30 @@ def test_gradient_compiles_to_the_backward_ops_program(op, fmt, lowerings):
     assert mine == by_hand
 
 
+def test_programs_are_compared_up_to_the_order_of_a_fusions_outputs():
+    """On an H200, XLA compiled the folded Convolution gradient and its backward ops with one
+    multi-output fusion's two outputs in swapped order (these lines, trimmed), every other
+    instruction equal: one program for the comparison above. A changed type is still two."""
+    from polyconv.benchmarks.jax_vs_lax import compiled_instructions
+
+    class Compiled:     # what compiled_instructions reads of a jitted function
+        def __init__(self, text):
+            self.as_text = lambda: text
+            self.lower = self.compile = lambda *args: self
+
+    def program(x, w, swapped):
+        first, second = (w, x) if swapped else (x, w)
+        return compiled_instructions(Compiled(f"""
+          %loop_fusion.{3 + swapped} = ({first}, {second}) fusion(%p0), kind=kLoop, calls=%f
+          %gte.{7 - swapped} = {x} get-tuple-element(%loop_fusion.1), index={int(swapped)}
+          %gte.{5 + swapped} = {w} get-tuple-element(%loop_fusion.1), index={int(not swapped)}
+          ROOT %tuple.{swapped} = ({first}, {second}) tuple(%gte.5, %gte.6)"""), ())
+
+    x, w = "f32[2,4,3,2,3]{4,3,2,1,0}", "f32[6,3,4,2]{3,2,1,0}"
+    assert program(x, w, swapped=True) == program(x, w, swapped=False)
+    assert program(x, w, swapped=True) != program(x.replace("[2,", "[3,"), w, swapped=False)
+
+
 def test_grad_and_jvp_under_vmap_and_jit():
     """Per-example gradients (vmap of grad) and jvp under jit agree with a loop."""
     fn, (s, wt) = _ops(np.random.default_rng(4), "NCX")["conv_transpose"]

@@ -100,8 +100,24 @@ def compiled_instructions(fn, args, opcode: str | None = None) -> list[str]:
     lines = [line for line in text.splitlines()
              if re.match(r"\s*(ROOT )?%\S+ = ", line)
              and (opcode is None or f" {opcode}(" in line)]
-    return sorted(re.sub(r"%[\w.\-]+", "%_", re.sub(r", metadata=\{.*?\}", "", line)).strip()
-                  for line in lines)
+    return sorted(_outputs_unordered(
+        re.sub(r"%[\w.\-]+", "%_", re.sub(r", metadata=\{.*?\}", "", line)).strip())
+        for line in lines)
+
+
+_ARRAY_TYPE = re.compile(r"\w+\[[\d,]*\](?:\{[^}]*\})?")
+
+
+def _outputs_unordered(line: str) -> str:
+    """An instruction with its outputs' order forgotten: a tuple result's array types sorted,
+    ``get-tuple-element``'s index dropped. XLA GPU may order one multi-output fusion's outputs
+    either way in two programs that compute the same (seen on an H200: a gradient against
+    its backward ops called by hand, one fusion with its two outputs swapped)."""
+    line = re.sub(r"(get-tuple-element\(%_\)), index=\d+", r"\1", line)
+    found = re.match(r"((?:ROOT )?%_ = )\(([^()]*)\)", line)
+    if found and ", ".join(types := _ARRAY_TYPE.findall(found[2])) == found[2]:
+        line = f"{found[1]}({', '.join(sorted(types))}){line[found.end():]}"
+    return line
 
 
 def _time(fn, args) -> float:
