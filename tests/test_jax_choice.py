@@ -426,14 +426,19 @@ def _conv_plan(kernel, strides, groups=1, src=(2, 9, 9, 8), oc=8):
     (_conv_plan((3, 3), 1), ("patches_matmul", "direct", "patches_matmul")),
     # 5x5 = 25 taps: the forward does not gather
     (_conv_plan((5, 5), 2), ("direct", "matmul_overlap_add", "patches_matmul")),
-    # grouped plans take the plain lowering throughout
-    (_conv_plan((3, 3), 2, groups=4), ("direct", "direct", "direct")),
+    # groups of 2-4 channels (ResNeXt's): elementwise, the weight gradient per group
+    (_conv_plan((3, 3), 2, groups=4), ("elementwise", "elementwise", "grouped")),
+    # 4 channels in and 8 out per group: not narrow on both sides
+    (_conv_plan((3, 3), 1, groups=2, oc=16), ("direct", "direct", "direct")),
+    # other grouped plans take the plain lowering throughout: depthwise, wider groups
+    (_conv_plan((3, 3), 2, groups=8), ("direct", "direct", "direct")),
+    (_conv_plan((3, 3), 1, groups=2, src=(2, 9, 9, 16), oc=16), ("direct", "direct", "direct")),
     # one tap with a stride: XLA GPU may abort compiling its im2col, so never patches
     (_conv_plan((1, 1), 2), ("direct", "matmul_overlap_add", "direct")),
 ])
 def test_the_gpu_policy(plan, expected):
-    """Without measuring, a GPU takes the rules measured on an H100; every other platform but
-    the CPU takes the plain lowering."""
+    """Without measuring, a GPU takes the rules measured on an H100 and an H200; every other
+    platform but the CPU takes the plain lowering."""
     primitives = ("forward", "backward_data", "backward_weights")
     assert tuple(_choice.policy(p, plan, "gpu") for p in primitives) == expected
     assert all(_choice.policy(p, plan, "tpu") == "direct" for p in primitives)

@@ -56,7 +56,13 @@ from ._backward_data import (
     subpixel_is_exact,
 )
 from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
-from ._forward import FORWARD, choose_forward, forward_applicable, patches_abort_xla_gpu
+from ._forward import (
+    ELEMENTWISE_POLICY_CHANNELS,
+    FORWARD,
+    choose_forward,
+    forward_applicable,
+    patches_abort_xla_gpu,
+)
 from ._taps import measured as taps_measured
 
 #: the lowerings of each primitive, by name; the first is the plain one-call lowering
@@ -247,9 +253,15 @@ def gpu_policy(primitive: str, plan: ConvPlan) -> str:
     26-36x on the 3-D 64->1 decoder);
     a strided backward_data multiplies first and overlap-adds (``matmul_overlap_add``:
     1.2-1.7x, 40x on that decoder in bfloat16); the forward gathers patches when the kernel
-    has at most :data:`GPU_PATCHES_MAX_TAPS` taps (1.1-1.9x). Everything else, grouped plans
-    and one-tap strided plans (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`)
-    included, takes the plain lowering."""
+    has at most :data:`GPU_PATCHES_MAX_TAPS` taps (1.1-1.9x). Groups of 2 to
+    :data:`~polyconv_jax._forward.ELEMENTWISE_POLICY_CHANNELS` channels on both sides go
+    elementwise, their weight gradient per group (:func:`narrow_groups`). Everything else,
+    other grouped plans (depthwise ones included) and one-tap strided plans
+    (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`), takes the plain lowering."""
+    if narrow_groups(plan):
+        name = "grouped" if primitive == "backward_weights" else "elementwise"
+        if is_applicable(primitive, plan, name, "gpu"):
+            return name
     name = GPU_PREFERRED[primitive]
     # not applicable: grouped plans (each preferred lowering is for ungrouped ones only) and
     # the im2col that XLA GPU may abort compiling
@@ -258,6 +270,20 @@ def gpu_policy(primitive: str, plan: ConvPlan) -> str:
             or (primitive == "forward" and math.prod(plan.kernel) > GPU_PATCHES_MAX_TAPS)):
         return LOWERINGS[primitive][0]
     return name
+
+
+def narrow_groups(plan: ConvPlan) -> bool:
+    """Whether ``plan`` has groups of 2 to :data:`~polyconv_jax._forward.
+    ELEMENTWISE_POLICY_CHANNELS` channels on both sides (ResNeXt-50's 32 groups of 4): there
+    XLA GPU's grouped convolution lost 6-7x to the elementwise lowerings (forward 0.31 ms
+    against 0.048, backward_data 0.33 against 0.046, on an H200) and 2.1x to the weight
+    gradient per group (0.69 against 0.32); one layer, at the corpus's CPU batch. Depthwise
+    plans (one channel per group) are not narrow groups: there the grouped convolution took
+    at most 1.3x the best lowering's time in 19 of 21 GPU measurements (three layers, three
+    primitives, H100 and H200 runs; the other two, a strided backward_data, 1.4-1.6x)."""
+    return plan.groups > 1 and all(
+        1 < channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS
+        for channels in (plan.a_channels, plan.b_channels))
 
 
 def policy(primitive: str, plan: ConvPlan, platform: str | None = None) -> str:
