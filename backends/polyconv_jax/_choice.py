@@ -279,8 +279,9 @@ def narrow_groups(plan: ConvPlan) -> bool:
     against 0.048, backward_data 0.33 against 0.046, on an H200) and 2.1x to the weight
     gradient per group (0.69 against 0.32); one layer, at the corpus's CPU batch. Depthwise
     plans (one channel per group) are not narrow groups: there the grouped convolution took
-    at most 1.3x the best lowering's time in 19 of 21 GPU measurements (three layers, three
-    primitives, H100 and H200 runs; the other two, a strided backward_data, 1.4-1.6x)."""
+    at most 1.3x the best lowering's time in 19 of 21 GPU measurements (four layers, their
+    three primitives, H100 and H200 runs; the other two, MobileNetV2's strided
+    backward_data, 1.4-1.6x)."""
     return plan.groups > 1 and all(
         1 < channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS
         for channels in (plan.a_channels, plan.b_channels))
