@@ -17,8 +17,8 @@ primitive is traced, in this order:
    multiply-adds are not measured: there is too little to win;
 3. otherwise the platform's default policy: on CPU the rules of each family's ``choose_*``
    (set from measurements on a 2-core x86 CPU); on GPU :func:`gpu_policy` (set from
-   measurements on an H100); elsewhere (TPU, not measured) the plain lowering, which is what
-   XLA's own convolution autotuning sees.
+   measurements on an H100 and an H200); elsewhere (TPU, not measured) the plain lowering,
+   which is what XLA's own convolution autotuning sees.
 
 ``POLYCONV_JAX_AUTOTUNE=0`` (or :func:`autotune` ``(False)``) turns measuring off, for
 deterministic lowerings (the test suite does this). In a multi-process run
@@ -57,9 +57,9 @@ from ._backward_data import (
 )
 from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
 from ._forward import (
-    ELEMENTWISE_POLICY_CHANNELS,
     FORWARD,
     choose_forward,
+    few_per_group,
     forward_applicable,
     patches_abort_xla_gpu,
 )
@@ -282,9 +282,8 @@ def narrow_groups(plan: ConvPlan) -> bool:
     at most 1.3x the best lowering's time in 19 of 21 GPU measurements (four layers, their
     three primitives, H100 and H200 runs; the other two, MobileNetV2's strided
     backward_data, 1.4-1.6x)."""
-    return plan.groups > 1 and all(
-        1 < channels // plan.groups <= ELEMENTWISE_POLICY_CHANNELS
-        for channels in (plan.a_channels, plan.b_channels))
+    return all(few_per_group(plan, channels) and channels > plan.groups
+               for channels in (plan.a_channels, plan.b_channels))
 
 
 def policy(primitive: str, plan: ConvPlan, platform: str | None = None) -> str:
