@@ -412,19 +412,26 @@ def test_bench_corpus_smoke(tmp_path, capsys):
         assert layer.plan.shape and layer.source and layer.flops > 0
 
 
-def test_bench_corpus_on_gpu_reports_what_could_not_run(tmp_path):
+def test_bench_corpus_on_gpu_reports_what_could_not_run(tmp_path, monkeypatch):
     # `--device gpu` runs JAX on its default device and the CUDA peers; on a machine without
     # CUDA the PyTorch and CuPy peers are skipped with their reason, not silently dropped
     pytest.importorskip("jax")
-    from polyconv.benchmarks import suite
+    from polyconv.benchmarks import corpus, corpus_report, suite
+
+    queued = []
+    timed_call = corpus.timed_call
+    monkeypatch.setattr(corpus, "timed_call", lambda fn, n=1: (queued.append(n),
+                                                               timed_call(fn, n))[1])
 
     out = tmp_path / "gpu.json"
     assert suite.main(["--corpus", "--device", "gpu", "--batch-scale", "2", "--layers",
                        "DCGAN G: ConvT 64->3", "--modes", "forward", "--repeats", "1",
                        "--warmup", "0", "--competitors", "polyconv-jax,lax,torch,polyconv-cupy",
-                       "--json", str(out)]) == 0
+                       "--queued", "3", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     (row,) = results["layers"]
+    assert results["machine"]["queued_calls"] == 3 and set(queued) == {3}
+    assert "calls queued per timing 3" in corpus_report.format_markdown(results)
     assert set(row["median_s"]) | set(row["skipped"]) == {"polyconv-jax", "lax", "torch",
                                                           "polyconv-cupy"}
     assert results["machine"]["batch_scale"] == 2 and "jax_device" in results["machine"]
@@ -433,6 +440,33 @@ def test_bench_corpus_on_gpu_reports_what_could_not_run(tmp_path):
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         assert "torch" in row["skipped"]
+
+
+def test_queued_timing_issues_the_calls_back_to_back_and_waits_once():
+    # `--queued N`: N calls issued, one wait, the time divided by N; where a competitor cannot
+    # queue (a synchronous call) it is called N times
+    from polyconv.benchmarks.corpus import Jitted, Waited, timed_call
+
+    log = []
+    waited = Waited(lambda: log.append("call"), lambda: (log.append("wait"), time.sleep(0.05)))
+    per_call = timed_call(waited, queued=5)
+    assert log == ["call"] * 5 + ["wait"]
+    assert 0.05 / 5 <= per_call < 0.05
+    log.clear()
+    assert timed_call(waited) >= 0.05 and log == ["call", "wait"]
+    log.clear()
+    timed_call(lambda: log.append("sync"), queued=3)
+    assert log == ["sync"] * 3
+    jax = pytest.importorskip("jax")
+    calls = []
+    step = jax.jit(lambda a: a + 1.0)
+
+    def counted(a):
+        calls.append(a)
+        return step(a)
+
+    assert float(Jitted(counted, (jax.numpy.float32(1.0),)).queued(4)) == 2.0
+    assert len(calls) == 4
 
 
 def test_corpus_ratios_take_pytorchs_best_full_precision_configuration():

@@ -86,6 +86,15 @@ class Jitted:
 
         return jax.block_until_ready(self.fn(*self.args))
 
+    def queued(self, calls: int) -> Any:
+        """``calls`` calls issued back to back, waited for once (JAX dispatches
+        asynchronously: on an accelerator they queue on the device)."""
+        import jax
+
+        for _ in range(calls - 1):
+            self.fn(*self.args)
+        return jax.block_until_ready(self.fn(*self.args))
+
     def program(self) -> list[str]:
         """What XLA compiled for it (:func:`~polyconv.benchmarks.jax_vs_lax.
         compiled_instructions`)."""
@@ -188,19 +197,51 @@ def _torch(layer: Layer, mode: str, arrays, device: str = "cpu", memory: str = "
     return call if device == "cpu" else on_cuda(call, tf32)
 
 
-def on_cuda(call: Callable[[], Any], tf32: bool = False) -> Callable[[], Any]:
+@dataclass(frozen=True)
+class Waited:
+    """A call on an asynchronous device and the wait for it: calling it runs (and waits for)
+    one call; :meth:`queued` issues several and waits once."""
+
+    call: Callable[[], Any]
+    wait: Callable[[], Any]
+
+    def __call__(self) -> Any:
+        out = self.call()
+        self.wait()
+        return out
+
+    def queued(self, calls: int) -> Any:
+        for _ in range(calls - 1):
+            self.call()
+        return self()
+
+
+def on_cuda(call: Callable[[], Any], tf32: bool = False) -> Waited:
     """``call`` with cuDNN's benchmark mode on (its fastest algorithm per shape) and TF32 as
     asked, timed until the GPU is done."""
     import torch
 
-    def timed():
+    def flagged():
         with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
                                         allow_tf32=tf32):
-            out = call()
-        torch.cuda.synchronize()
-        return out
+            return call()
 
-    return timed
+    return Waited(flagged, torch.cuda.synchronize)
+
+
+def timed_call(fn: Callable[[], Any], queued: int = 1) -> float:
+    """Seconds per call of ``fn``: one call waited for, or with ``queued`` > 1 that many
+    issued back to back and waited for once (where ``fn`` can queue: a jitted JAX call, a
+    CUDA call; a synchronous one is simply called that many times). On a GPU one blocked call
+    of 0.05-0.3 ms is mostly the host's dispatch and wait; queued calls time the device's
+    work in a stream, as in a training step and as the JAX backend's measurement does."""
+    t0 = time.perf_counter()
+    if queued > 1 and hasattr(fn, "queued"):
+        fn.queued(queued)
+    else:
+        for _ in range(queued):
+            fn()
+    return (time.perf_counter() - t0) / queued
 
 
 def _lax(layer: Layer, mode: str, arrays):
@@ -268,7 +309,7 @@ COMPETITORS: tuple[Competitor, ...] = (
 
 
 def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
-              log) -> dict[str, Any]:
+              log, queued: int = 1) -> dict[str, Any]:
     arrays = _inputs(layer)
     fns: dict[str, Callable[[], Any]] = {}
     skipped: dict[str, str] = {}
@@ -299,9 +340,7 @@ def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
         for name, fn in order:
             if name not in slow:
                 _lead_in(fn, 1)     # see polyconv.benchmarks.suite._lead_in
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(timed_call(fn, 1 if name in slow else queued))
         log(f"\r  {layer.title} {mode}: round {r + 1}/{repeats}")
     log("\n")
     return {"layer": layer.title, "model": layer.model, "source": layer.source,
@@ -345,6 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "default device), PyTorch in both memory formats and with TF32")
     parser.add_argument("--batch-scale", type=int, default=1,
                         help="multiply every layer's batch (GPU training batches are larger)")
+    parser.add_argument("--queued", type=int, default=1, metavar="N",
+                        help="time N calls issued back to back and waited for once, per call "
+                             "(on a GPU: the device's time in a stream rather than one "
+                             "blocked call's dispatch and wait)")
     return parser
 
 
@@ -374,12 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for layer in layers:
         for mode in modes:
-            row = run_layer(layer, mode, comps, args.repeats, args.warmup, log)
+            row = run_layer(layer, mode, comps, args.repeats, args.warmup, log, args.queued)
             row["lowering"], row["lowering_s"] = _chosen(layer)
             rows.append(row)
     results = {"machine": machine(), "layers": rows}   # after the runs: what they ran under
     if args.device == "gpu":
         results["machine"].update(gpu_machine(), batch_scale=args.batch_scale)
+    if args.queued > 1:
+        results["machine"]["queued_calls"] = args.queued
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -26,7 +26,16 @@ import numpy as np
 
 import polyconv
 
-from .corpus import Competitor, Layer, _lax, _polyconv_jax, _torch, on_cuda, polyconv_eager
+from .corpus import (
+    Competitor,
+    Layer,
+    Waited,
+    _lax,
+    _polyconv_jax,
+    _torch,
+    on_cuda,
+    polyconv_eager,
+)
 from .suite import torch_dtype, torch_tensor
 
 
@@ -59,13 +68,7 @@ def _polyconv_cupy(layer: Layer, mode: str, arrays):
     if layer.dtype not in ("float32", "float16", "float64"):
         raise TypeError(f"CuPy has no {layer.dtype}")
     call = polyconv_eager(layer, mode, [cupy.asarray(a) for a in arrays], backend=None)
-    sync = cupy.cuda.Device().synchronize
-
-    def timed():
-        out = call()
-        sync()
-        return out
-    return timed
+    return Waited(call, cupy.cuda.Device().synchronize)
 
 
 GPU_COMPETITORS: tuple[Competitor, ...] = (

@@ -106,7 +106,8 @@ def format_markdown(results: dict[str, Any]) -> str:
                  ("blas_kernels", "numpy's BLAS kernels"),
                  ("openblas_coretype", "OPENBLAS_CORETYPE"), ("xla_flags", "XLA_FLAGS"),
                  ("malloc_arena_max", "MALLOC_ARENA_MAX"), ("gpu", "GPU"),
-                 ("batch_scale", "batch x")) if k in m)
+                 ("batch_scale", "batch x"), ("queued_calls", "calls queued per timing"))
+                 if k in m)
              + ".", "",
              "| layer | mode | polyconv-jax | lowering | polyconv-numpy | "
              + " | ".join(keys) + " |",
