@@ -442,6 +442,39 @@ def test_bench_corpus_on_gpu_reports_what_could_not_run(tmp_path, monkeypatch):
         assert "torch" in row["skipped"]
 
 
+def test_bench_corpus_time_limit_and_several_layers(tmp_path, monkeypatch):
+    # `--layers a|b` takes every layer matching one of the parts, in the corpus's order; with
+    # --json the record is written after every row (a run cut short keeps its rows), and
+    # `--time-limit` starts no row past it, listing those left
+    from polyconv.benchmarks import corpus, suite
+
+    out = tmp_path / "corpus.json"
+    argv = ["--corpus", "--layers", "MNIST|dcgan g: convt 64->3", "--modes", "forward",
+            "--repeats", "1", "--warmup", "0", "--competitors", "polyconv-numpy",
+            "--json", str(out)]
+    assert suite.main(argv) == 0
+    results = json.loads(out.read_text())
+    assert [r["layer"] for r in results["layers"]] == ["DCGAN G: ConvT 64->3 k4 s2 32x32",
+                                                       "MNIST CNN: Conv 1->32 k3 28x28 NCX"]
+    assert "not_run" not in results
+    assert suite.main([*argv, "--time-limit", "0"]) == 0
+    results = json.loads(out.read_text())
+    assert results["layers"] == [] and results["not_run"] == [
+        "DCGAN G: ConvT 64->3 k4 s2 32x32 forward", "MNIST CNN: Conv 1->32 k3 28x28 NCX forward"]
+    run_layer = corpus.run_layer
+
+    def second_fails(layer, *args):
+        if layer.title.startswith("MNIST"):
+            raise KeyboardInterrupt
+        return run_layer(layer, *args)
+
+    monkeypatch.setattr(corpus, "run_layer", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        suite.main(argv)
+    assert [r["layer"] for r in json.loads(out.read_text())["layers"]] == [
+        "DCGAN G: ConvT 64->3 k4 s2 32x32"]
+
+
 def test_queued_timing_issues_the_calls_back_to_back_and_waits_once():
     # `--queued N`: N calls issued, one wait, the time divided by N; where a competitor cannot
     # queue (a synchronous call) it is called N times

@@ -373,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--layers", default="", help="substring filter on layer titles")
+    parser.add_argument("--layers", default="",
+                        help="substring filter on layer titles (several: separated by '|')")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--competitors", default="",
                         help="comma-separated competitor names (default: all)")
@@ -388,14 +389,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time N calls issued back to back and waited for once, per call "
                              "(on a GPU: the device's time in a stream rather than one "
                              "blocked call's dispatch and wait)")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="start no row after this many seconds (the rows left are listed "
+                             "as not run); with --json the file is written after every row")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    wanted = [part.strip().lower() for part in args.layers.split("|")]
     layers = [replace(ly, src=(ly.src[0] * args.batch_scale, *ly.src[1:])) for ly in LAYERS
-              if args.layers.lower() in ly.title.lower()]
+              if any(part in ly.title.lower() for part in wanted)]
     if not layers:
         parser.error(f"--layers {args.layers!r} matches no layer")
     modes = [m for m in args.modes.split(",") if m]
@@ -414,20 +419,32 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(msg)
         sys.stderr.flush()
 
-    rows = []
+    def record(rows: list[dict[str, Any]], not_run: list[str]) -> dict[str, Any]:
+        results = {"machine": machine(), "layers": rows}   # after the runs: what they ran under
+        if args.device == "gpu":
+            results["machine"].update(gpu_machine(), batch_scale=args.batch_scale)
+        if args.queued > 1:
+            results["machine"]["queued_calls"] = args.queued
+        if not_run:
+            results["not_run"] = not_run
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return results
+
+    start, rows, not_run = time.perf_counter(), [], []
     for layer in layers:
         for mode in modes:
+            if args.time_limit is not None and time.perf_counter() - start > args.time_limit:
+                not_run.append(f"{layer.title} {mode}")
+                continue
             row = run_layer(layer, mode, comps, args.repeats, args.warmup, log, args.queued)
             row["lowering"], row["lowering_s"] = _chosen(layer)
             rows.append(row)
-    results = {"machine": machine(), "layers": rows}   # after the runs: what they ran under
-    if args.device == "gpu":
-        results["machine"].update(gpu_machine(), batch_scale=args.batch_scale)
-    if args.queued > 1:
-        results["machine"]["queued_calls"] = args.queued
+            record(rows, not_run)
+    results = record(rows, not_run)
     print(format_table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if not_run:
+        print(f"not run (--time-limit {args.time_limit:g} s): " + "; ".join(not_run))
     return 0
 
 
