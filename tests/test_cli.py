@@ -473,6 +473,14 @@ def test_bench_corpus_time_limit_and_several_layers(tmp_path, monkeypatch):
         suite.main(argv)
     assert [r["layer"] for r in json.loads(out.read_text())["layers"]] == [
         "DCGAN G: ConvT 64->3 k4 s2 32x32"]
+    # an empty part matches nothing more (not every layer); no text matches every layer
+    assert corpus.matching_layers("no such layer|") == []
+    assert [ly.title for ly in corpus.matching_layers("|mnist")] == [
+        "MNIST CNN: Conv 1->32 k3 28x28 NCX"]
+    assert len(corpus.matching_layers("")) == len(corpus.LAYERS)
+    assert corpus.matching_layers("mnist", 3)[0].src[0] == 3 * 64
+    with pytest.raises(SystemExit):
+        suite.main([*argv, "--queued", "0"])
 
 
 def test_queued_timing_issues_the_calls_back_to_back_and_waits_once():

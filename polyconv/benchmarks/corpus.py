@@ -395,17 +395,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def matching_layers(titles: str, batch_scale: int = 1) -> list[Layer]:
+    """The corpus's layers whose titles contain ``titles`` or, separated by ``|``, one of its
+    parts (case aside; every layer for an empty text), in the corpus's order, each batch
+    multiplied by ``batch_scale``."""
+    wanted = [part.strip().lower() for part in titles.split("|") if part.strip()] or [""]
+    return [replace(ly, src=(ly.src[0] * batch_scale, *ly.src[1:])) for ly in LAYERS
+            if any(part in ly.title.lower() for part in wanted)]
+
+
+def _record(args: argparse.Namespace, rows: list[dict[str, Any]],
+            not_run: list[str]) -> dict[str, Any]:
+    """The run so far (written to ``--json``, if given): its rows, the machine as it is
+    now (what they ran under) and the rows ``--time-limit`` left out."""
+    results = {"machine": machine(), "layers": rows}
+    if args.device == "gpu":
+        from .corpus_gpu import gpu_machine
+        results["machine"].update(gpu_machine(), batch_scale=args.batch_scale)
+    if args.queued > 1:
+        results["machine"]["queued_calls"] = args.queued
+    if not_run:
+        results["not_run"] = not_run
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    wanted = [part.strip().lower() for part in args.layers.split("|")]
-    layers = [replace(ly, src=(ly.src[0] * args.batch_scale, *ly.src[1:])) for ly in LAYERS
-              if any(part in ly.title.lower() for part in wanted)]
+    if args.queued < 1:
+        parser.error(f"--queued {args.queued}: expected at least 1 call per timing")
+    layers = matching_layers(args.layers, args.batch_scale)
     if not layers:
         parser.error(f"--layers {args.layers!r} matches no layer")
     modes = [m for m in args.modes.split(",") if m]
     if args.device == "gpu":
-        from .corpus_gpu import GPU_COMPETITORS, gpu_machine
+        from .corpus_gpu import GPU_COMPETITORS
         comps = select_competitors(parser, args.competitors, GPU_COMPETITORS)
     else:
         comps = select_competitors(parser, args.competitors, COMPETITORS)
@@ -419,18 +445,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(msg)
         sys.stderr.flush()
 
-    def record(rows: list[dict[str, Any]], not_run: list[str]) -> dict[str, Any]:
-        results = {"machine": machine(), "layers": rows}   # after the runs: what they ran under
-        if args.device == "gpu":
-            results["machine"].update(gpu_machine(), batch_scale=args.batch_scale)
-        if args.queued > 1:
-            results["machine"]["queued_calls"] = args.queued
-        if not_run:
-            results["not_run"] = not_run
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
-        return results
-
     start, rows, not_run = time.perf_counter(), [], []
     for layer in layers:
         for mode in modes:
@@ -440,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             row = run_layer(layer, mode, comps, args.repeats, args.warmup, log, args.queued)
             row["lowering"], row["lowering_s"] = _chosen(layer)
             rows.append(row)
-            record(rows, not_run)
-    results = record(rows, not_run)
+            _record(args, rows, not_run)
+    results = _record(args, rows, not_run)
     print(format_table(results))
     if not_run:
         print(f"not run (--time-limit {args.time_limit:g} s): " + "; ".join(not_run))
