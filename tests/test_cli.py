@@ -544,6 +544,22 @@ def test_records_name_the_environment_settings_that_change_kernels(monkeypatch):
     assert "OPENBLAS_CORETYPE Haswell" in line
 
 
+def test_the_machine_record_names_versions_without_importing_the_libraries():
+    # the corpus writes its record after every row: reading PyTorch's and JAX's versions must
+    # not import them (PyTorch's thread pools would start between the timings); the versions
+    # are those the libraries report once imported
+    code = ("import json, sys\n"
+            "from polyconv.benchmarks import suite\n"
+            "m = suite.machine()\n"
+            "loaded = [mod for mod in ('jax', 'torch') if mod in sys.modules]\n"
+            "own = {mod: __import__(mod).__version__ for mod in ('jax', 'torch') if mod in m}\n"
+            "print(json.dumps([loaded, {mod: m[mod] for mod in own}, own]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    loaded, recorded, own = json.loads(out.splitlines()[-1])
+    assert loaded == [] and recorded == own
+
+
 def test_bench_cases_filter_matching_nothing_is_an_error(capsys):
     from polyconv.benchmarks import suite
 

@@ -11,6 +11,7 @@ timings are only compared within one run, as ratios.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -476,6 +477,18 @@ _ENVIRONMENT = {"OPENBLAS_CORETYPE": "openblas_coretype", "XLA_FLAGS": "xla_flag
                 "MALLOC_ARENA_MAX": "malloc_arena_max"}
 
 
+def _version(mod: str) -> str:
+    """An installed library's version, without importing it where it is not imported yet
+    (the corpus writes its record after every row: importing PyTorch there would load its
+    thread pools between the timings of the rows that follow)."""
+    if mod in sys.modules:
+        return sys.modules[mod].__version__
+    try:
+        return importlib.metadata.version(mod)
+    except importlib.metadata.PackageNotFoundError:    # on the path, not installed
+        return __import__(mod).__version__
+
+
 def machine() -> dict[str, Any]:
     info = {"platform": platform.platform(), "processor": _cpu_model(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
@@ -483,7 +496,7 @@ def machine() -> dict[str, Any]:
             "numpy": np.__version__, "polyconv": polyconv.__version__}
     for mod in ("jax", "torch"):
         if find_spec(mod) is not None:
-            info[mod] = __import__(mod).__version__
+            info[mod] = _version(mod)
     for var, key in _ENVIRONMENT.items():
         if os.environ.get(var):
             info[key] = os.environ[var]
