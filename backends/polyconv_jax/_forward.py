@@ -14,7 +14,7 @@ from jax import lax
 
 from polyconv import ConvPlan
 
-from . import _sliced, _taps
+from . import _sliced, _space_to_depth, _taps
 from ._xla import _conv_general, _data_spec, _dnums, _merge, add_all, rearranged_once
 
 
@@ -471,7 +471,8 @@ def _forward_grouped(plan: ConvPlan, precision, a, w):
 #: the forward lowerings, by name; the first is the plain one
 FORWARD = {"direct": _conv, "elementwise": forward_elementwise,
            "patches_matmul": _forward_patches, "folded": _forward_folded,
-           "sliced": _sliced.forward, "taps": _taps.forward, "grouped": _forward_grouped}
+           "sliced": _sliced.forward, "taps": _taps.forward, "grouped": _forward_grouped,
+           "matmul_overlap_add": _taps.forward_overlap_add, "subpixel": _space_to_depth.forward}
 
 
 def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
@@ -482,6 +483,11 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
         return patches_fit(plan)
     if lowering == "taps":
         return plan.groups == 1
+    if lowering == "matmul_overlap_add":    # several taps, a product no wider than ``a``
+        taps = math.prod(plan.kernel)
+        return plan.groups == 1 and taps > 1 and taps * plan.b_channels <= plan.a_channels
+    if lowering == "subpixel":
+        return _space_to_depth.forward_exact(plan)
     if lowering == "grouped":
         return splits_by_group(plan)
     return lowering in FORWARD

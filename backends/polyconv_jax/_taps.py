@@ -1,4 +1,6 @@
-"""The ``taps`` lowerings: one matrix product per kernel tap, over only the rows it reads.
+"""The ``taps`` lowerings: one matrix product per kernel tap, over only the rows it reads
+(and the forward's ``matmul_overlap_add``: one product for all taps first, then each tap's
+block at the rows it reads).
 
 Tap ``k`` of an ungrouped convolution adds ``a[i*s + k*d - pb] @ W_k`` to output row ``i``
 (``W_k``: the tap's ``[Ca, Cb]`` weights). Where ``i*s + k*d - pb`` falls in the padding the
@@ -97,6 +99,11 @@ def _total(plan: ConvPlan, parts, shape):
     return total if plan.channels_last else jnp.moveaxis(total, 0, 1)
 
 
+def _output_pads(plan: ConvPlan, axes):
+    """The zeros around a tap's output rows ``lo <= i < hi`` that make them ``b``'s."""
+    return [(lo, rows - hi, 0) for (lo, hi, _), rows in zip(axes, plan.b_spatial)]
+
+
 def _canonical(plan: ConvPlan, w):
     return jnp.transpose(w, plan.weights_perm)                  # [Cb, Ca, K..]
 
@@ -106,9 +113,33 @@ def forward(plan: ConvPlan, precision, a, w):
     wc = _canonical(plan, w)
     parts = (_place(plan, _product(plan, precision, _slice(plan, a, axes, plan.strides),
                                    wc[(slice(None), slice(None), *tap)].T),
-                    [(lo, rows - hi, 0) for (lo, hi, _), rows in zip(axes, plan.b_spatial)])
+                    _output_pads(plan, axes))
              for tap, axes in regions(plan))
     n, cb = plan.batch, plan.b_channels
+    return _total(plan, parts, (n, *plan.b_spatial, cb) if plan.channels_last
+                  else (cb, n, *plan.b_spatial))
+
+
+def forward_overlap_add(plan: ConvPlan, precision, a, w):
+    """Multiply first (``matmul_overlap_add``): all of ``a``'s rows times every tap's weights
+    at once (``[Ca, T*Cb]``, one product), then each tap's block of that product at the rows it
+    reads (strided), padded to ``b`` and summed. For a narrow output side (``T*Cb`` columns
+    against ``Ca`` contracted) this reads ``a`` once, where ``taps`` slices it once per tap
+    and ``patches_matmul`` copies it ``T`` times; the rows of ``a`` no tap reads are
+    multiplied too (``s`` times the products of the definition per strided axis), and
+    dropped: it pays without a stride (a space-to-depth problem: :mod:`._space_to_depth`).
+    Ungrouped plans only."""
+    wc = _canonical(plan, w)                                    # [Cb, Ca, K..]
+    m = jnp.transpose(wc, (1, *range(2, plan.ndim + 2), 0)).reshape((plan.a_channels, -1))
+    y = _product(plan, precision, a, m)      # [N, A.., T*Cb] or [T*Cb, N, A..]
+    c, cb = (y.ndim - 1 if plan.channels_last else 0), plan.b_channels
+    taps = {tap: t for t, tap in enumerate(itertools.product(*(range(k) for k in plan.kernel)))}
+    parts = []
+    for tap, axes in regions(plan):
+        block = lax.slice_in_dim(y, taps[tap] * cb, (taps[tap] + 1) * cb, axis=c)
+        parts.append(_place(plan, _slice(plan, block, axes, plan.strides),
+                            _output_pads(plan, axes)))
+    n = plan.batch
     return _total(plan, parts, (n, *plan.b_spatial, cb) if plan.channels_last
                   else (cb, n, *plan.b_spatial))
 
