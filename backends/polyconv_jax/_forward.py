@@ -487,7 +487,7 @@ def forward_applicable(plan: ConvPlan, lowering: str) -> bool:
         taps = math.prod(plan.kernel)
         return plan.groups == 1 and taps > 1 and taps * plan.b_channels <= plan.a_channels
     if lowering == "subpixel":
-        return _space_to_depth.forward_exact(plan)
+        return _space_to_depth.applies(plan)
     if lowering == "grouped":
         return splits_by_group(plan)
     return lowering in FORWARD

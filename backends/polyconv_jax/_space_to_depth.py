@@ -33,13 +33,10 @@ from polyconv._phases import phases
 
 
 def applies(plan: ConvPlan) -> bool:
-    """Whether the space-to-depth lowerings compute ``plan``: a stride, and no dilation."""
-    return any(s > 1 for s in plan.strides) and all(d == 1 for d in plan.dilations)
-
-
-def forward_exact(plan: ConvPlan) -> bool:
-    """Whether the forward's padded kernel holds only real taps (``K % s == 0`` per axis)."""
-    return applies(plan) and all(k % s == 0 for k, s in zip(plan.kernel, plan.strides))
+    """Whether ``subpixel`` computes ``plan``'s forward: a stride, no dilation, and only real
+    taps in the padded kernel (``K % s == 0`` per axis)."""
+    return (any(s > 1 for s in plan.strides) and all(d == 1 for d in plan.dilations)
+            and all(k % s == 0 for k, s in zip(plan.kernel, plan.strides)))
 
 
 def inner_plan(plan: ConvPlan) -> ConvPlan:
