@@ -30,6 +30,8 @@ FORCED = {
     "overlap": "overlap,backward_weights=gather_b",
     # depthwise channels-last plans; elsewhere gather
     "window": "window",
+    # strided backward_data whose phases fill one window (k2 s2, k4 s2); elsewhere gather
+    "subpixel": "subpixel",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -132,8 +134,10 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
     for plan in (narrow, wide):
         for prim in ("forward", "backward_data", "backward_weights"):
             costs = polyconv_numpy.costs(prim, plan)
-            # ungrouped weight gradients also weigh the exact path's per-tap products
-            assert len(costs) == 2 + (prim == "backward_weights")
+            # ungrouped weight gradients also weigh the exact path's per-tap products, and
+            # backward_data the sub-pixel product where its phases fill one window (k4 s2)
+            extra = prim == "backward_weights" or (prim == "backward_data" and plan is narrow)
+            assert len(costs) == 2 + extra
             assert all(c > 0 for c in costs.values())
 
 
@@ -232,7 +236,7 @@ NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
 
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
-@pytest.mark.parametrize("name", ["default", "gather", "overlap", "window"])
+@pytest.mark.parametrize("name", ["default", "gather", "overlap", "window", "subpixel"])
 def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
     # the exact path's result is the reference: padded positions add no term, so an inf in
     # the weights poisons only the outputs whose in-range sum meets it (the grid would give
@@ -297,7 +301,8 @@ def test_nonfinite_input_takes_the_exact_path(op):
     assert np.isinf(y).any() and np.isfinite(y).any()
 
 
-@pytest.mark.parametrize("strategy", ["default", "measured", "gather", "overlap", "window"])
+@pytest.mark.parametrize("strategy", ["default", "measured", "gather", "overlap", "window",
+                                      "subpixel"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
 def test_peak_memory_at_most_twice_inputs_and_output(monkeypatch, case, strategy):
@@ -664,3 +669,39 @@ def test_stride_one_channels_first_backward_data_matches_the_oracle(op, spatial,
     assert y.shape == ref.shape
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
     assert bool(taken) == expect
+
+
+@pytest.mark.parametrize(("src", "kernel", "attrs"), [
+    ((2, 5, 4, 6), (4, 4), dict(strides=2, pads_begin=1, pads_end=1, output_padding=1)),
+    ((2, 6, 6), (16,), dict(strides=8, pads_begin=4, pads_end=4)),          # FCN-8s's k16 s8
+    ((2, 4, 5, 4), (4, 2), dict(strides=2, pads_begin=(5, 0), pads_end=(0, 1))),  # pads > k
+    ((1, 3, 2, 3, 4), (2, 2, 2), dict(strides=2, groups=2)),
+])
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_subpixel_backward_data_matches_the_oracle(src, kernel, attrs, fmt, dtype, monkeypatch):
+    """The sub-pixel strategy (one product into every phase, then depth to space) where it
+    applies: a ConvTranspose with its bias, pads past the kernel (rows of ``src`` no cell
+    reads), 1-D to 3-D, groups, both layouts, 16-bit data: the oracle's values, and the
+    strategy taken."""
+    from polyconv_numpy import _subpixel
+
+    taken = []
+    real = _subpixel.backward_data
+    monkeypatch.setitem(polyconv_numpy._IMPLEMENTATIONS["backward_data"], "subpixel",
+                        lambda *args: taken.append(1) or real(*args))
+    rng = np.random.default_rng(37)
+    groups, nd = attrs.get("groups", 1), len(kernel)
+    shape = src if fmt == "NXC" else (src[0], src[-1], *src[1:-1])
+    x = rng.standard_normal(shape).astype(numpy_dtype(dtype))
+    w = rng.standard_normal((src[-1], 6 // groups, *kernel)).astype(numpy_dtype(dtype))  # IOX
+    bias = rng.standard_normal(6).astype(numpy_dtype(dtype))
+    attrs = {**attrs, "data_format": fmt, "weights_format": "IOX"}
+    plan = polyconv.infer_shape("conv_transpose", x.shape, w.shape, **attrs)
+    assert _subpixel.applies(plan) and nd == plan.ndim
+    with polyconv_numpy.strategy(backward_data="subpixel"):
+        y = polyconv.conv_transpose(x, w, bias, **attrs)
+    ref = reference("conv_transpose", x, w, bias, **attrs)
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+    assert taken

@@ -44,7 +44,7 @@ import numpy as np
 from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
-from . import _choice, _exact, _fast, _overlap, _window
+from . import _choice, _exact, _fast, _overlap, _subpixel, _window
 from ._choice import autotune, choose, costs, measured_choices, strategy
 
 __all__ = ["BACKEND", "NumpyBackend", "autotune", "choose", "costs", "measured_choices",
@@ -124,7 +124,8 @@ _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
     "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
                 "exact": _exact.forward, "window": _window.forward},
     "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
-                      "exact": _exact.backward_data, "window": _window.backward_data},
+                      "exact": _exact.backward_data, "window": _window.backward_data,
+                      "subpixel": _subpixel.backward_data},
     "backward_weights": {"gather": _fast.backward_weights,
                          "gather_b": _fast.backward_weights_gather_b,
                          "exact": _exact.backward_weights,
@@ -133,8 +134,10 @@ _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
 
 
 def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
-    """``window`` forced where it does not apply computes with ``gather``."""
-    return "gather" if name == "window" and not _window.applies(plan, primitive) else name
+    """``window`` or ``subpixel`` forced where it does not apply computes with ``gather``."""
+    if name == "window" and not _window.applies(plan, primitive):
+        return "gather"
+    return "gather" if name == "subpixel" and not _subpixel.applies(plan) else name
 
 
 def _timed(fn: Callable[..., Any], plan: ConvPlan, args: tuple) -> float:

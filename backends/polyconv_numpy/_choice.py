@@ -14,16 +14,19 @@ backward_weights    gather ``a``'s taps against ``b``            ``gather_b``: p
                                                                  gather ``b``'s taps against it
 ==================  ===========================================  ==============================
 
-``window`` (:mod:`._window`) computes the depthwise forward on channels-last data by blocks of
-output lines over zero-padded copies of the input lines they read; forced on another plan it
-takes ``gather``. ``exact`` (per tap, in-range windows only) computes every primitive too;
-non-finite inputs take it unless the chosen strategy is ``overlap``, which adds in-range
-products only and so propagates NaN and Inf exactly as well. The cost model also offers it for
-one channel per group (depthwise) in forward and backward_weights, where it reads the data in
-place: there is no product to speak of, and it skips the grid's copy of ``a`` into phases. The
-grid's per-tap sums over contiguous blocks usually win (up to 3.2x forward and 4.5x
-backward_weights for 7x7 kernels); the exact path wins the weight gradient of strided 3x3
-kernels on wide channels (:func:`_depthwise`), ``window`` their forward.
+``subpixel`` (:mod:`._subpixel`) computes a strided backward_data whose phases fill one
+window as one product into every phase, then depth to space; forced on another plan it takes
+``gather``. ``window`` (:mod:`._window`) computes the depthwise forward on channels-last
+data by blocks of output lines over zero-padded copies of the input lines they read; forced
+on another plan it takes ``gather``. ``exact`` (per tap, in-range windows only) computes
+every primitive too; non-finite inputs take it unless the chosen strategy is ``overlap``,
+which adds in-range products only and so propagates NaN and Inf exactly as well. The cost
+model also offers it for one channel per group (depthwise) in forward and backward_weights,
+where it reads the data in place: there is no product to speak of, and it skips the grid's
+copy of ``a`` into phases. The grid's per-tap sums over contiguous blocks usually win (up to
+3.2x forward and 4.5x backward_weights for 7x7 kernels); the exact path wins the weight
+gradient of strided 3x3 kernels on wide channels (:func:`_depthwise`), ``window`` their
+forward.
 
 Forcing (tests, benchmarks): the :func:`strategy` context manager, or the environment variable
 ``POLYCONV_NUMPY_STRATEGY`` read at each call, e.g. ``overlap`` (every primitive that has it;
@@ -52,13 +55,14 @@ from polyconv._measure import Switch, geometry, pick, time_candidates
 from polyconv._phases import adjoint_phases, phases
 
 from ._overlap import plan_blocks
+from ._subpixel import applies as subpixel_applies
 from ._window import applies as window_applies
 
 ENV = "POLYCONV_NUMPY_STRATEGY"
 
 STRATEGIES: dict[str, tuple[str, ...]] = {
     "forward": ("gather", "overlap", "exact", "window"),
-    "backward_data": ("gather", "overlap", "exact", "window"),
+    "backward_data": ("gather", "overlap", "exact", "window", "subpixel"),
     "backward_weights": ("gather", "gather_b", "exact", "window"),
 }
 
@@ -282,7 +286,14 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
             moves = mb * cb * FILL_S + _add(mb * t * ca, ca) + 2 * ma * ca * FILL_S
             product = g * _gemm(mb, og, t * cg)
         overlap = item * moves + product + t * CALL_S * blocks
-        return {"gather": gather, "overlap": overlap}
+        out = {"gather": gather, "overlap": overlap}
+        if subpixel_applies(plan):     # window taps' patches, one product, depth to space
+            window = t // sp
+            out["subpixel"] = SUBPIXEL_FACTOR * (
+                item * (_copy(rows * window * cb, og) + _copy(rows * sp * ca, cg)
+                        + ma * ca * (FILL_S + layout) + mb * cb * layout)
+                + g * _gemm(rows, window * og, sp * cg) + (window + 8) * CALL_S)
+        return out
     # backward_weights: gather a's taps (T*Ca per row) or b's (T*Cb per row, per phase)
     common = item * (split + rows * cb * FILL_S + mb * cb * layout)
     gather = (common - item * (ma * ca + mb * cb) * (layout - grid_layout) + item * gathered
@@ -294,6 +305,15 @@ def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
     if g == 1:
         out["exact"] = _exact(primitive, plan, z)
     return out
+
+
+#: the sub-pixel strategy's estimate (its patches, product and two copies) doubled: so
+#: weighed, the model picks it for FCN-8s's k16 s8 up-sampling (2.1-2.9x faster than the
+#: other strategies) and leaves it to the measurement where it is near (DCGAN's 128->64 and
+#: HiFi-GAN's k16 s8 layers, nnU-Net's 3-D k2 s2: 1.2-2.8x faster there), while undoubled it
+#: was the pick on DCGAN's 64->3 layer, where it ran 1.3x slower than ``overlap`` (the
+#: corpus's 14 strided ConvTranspose layers it applies to, 2 CPUs)
+SUBPIXEL_FACTOR = 2.0
 
 
 #: the exact path's per-tap products (a copy of each tap's strided window, one product, and

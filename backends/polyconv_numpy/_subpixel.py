@@ -1,0 +1,96 @@
+"""backward_data by one sub-pixel product (``subpixel``): multiply into all phases at once,
+then depth to space.
+
+Without zero taps in the phases' common window (every phase of every axis has a tap at each
+of its ``L = max_shift + 1`` shifts: k2 s2, k4 s2, k16 s8, ...; :func:`applies`), cell ``q``
+of phase ``r`` receives ``sum_m b[q - m] W[k(m, r)]``. So the ``L^nd`` shifted windows of
+``b`` stacked along channels (``[rows, T*Og]``, ``T = prod(L)``) times the kernel arranged as
+``[T*Og, S*Cg]`` (``S = prod(s)``) give every phase's cells in one matrix product, whose
+``S*Cg`` columns stay wide where the gather strategy multiplies each phase into ``Cg``
+columns; the product's rows are then interleaved into ``a`` (with the change of layout, one
+copy). FCN-8s's 16x16 stride-8 up-sampling of 21 channels: 64 phases of 4 taps, one
+``[4225, 84] x [84, 1344]`` product. Every product is a real tap's, and cells outside ``a``
+are dropped, so NaN and Inf in ``b`` propagate exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from polyconv._geometry import ConvPlan
+from polyconv._phases import phases
+
+from ._common import add_bias, canonical_weights, channels_last_view, dtypes, to_user_layout
+
+
+def applies(plan: ConvPlan) -> bool:
+    """A stride, and every phase of every axis with a tap at each shift of the window."""
+    axes = phases(plan).axes
+    return any(p.stride > 1 for p in axes) and all(
+        ms == tuple(range(p.max_shift + 1)) for p in axes for ms in p.phase_shifts)
+
+
+def _kernel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
+    """``[G, T*Og, S*Cg]``: row ``(j.., o)`` (window row ``j = max_shift - m``), column
+    ``(r.., i)``: the tap of shift ``m`` in phase ``r``."""
+    g, nd = plan.groups, plan.ndim
+    wk = canonical_weights(w, plan, acc)                          # [Cb, Cg, K..]
+    for i, p in enumerate(phases(plan).axes):
+        index = np.empty((p.max_shift + 1, p.stride), dtype=np.intp)
+        for r, (ks, ms) in enumerate(zip(p.taps, p.phase_shifts)):
+            for k, m in zip(ks, ms):
+                index[p.max_shift - m, r] = k
+        axis = 2 + 2 * i                     # earlier axes already split in (L, s)
+        wk = np.take(wk, index.reshape(-1), axis=axis)
+        wk = wk.reshape((*wk.shape[:axis], *index.shape, *wk.shape[axis + 1:]))
+    lengths = wk.shape[2::2]
+    wk = wk.reshape((g, plan.b_channels // g, *wk.shape[1:]))    # [G, Og, Cg, L1, s1, ..]
+    order = (0, *(3 + 2 * i for i in range(nd)), 1, *(4 + 2 * i for i in range(nd)), 2)
+    return np.ascontiguousarray(wk.transpose(order)).reshape(
+        (g, math.prod(lengths) * plan.b_channels // g, -1))
+
+
+def _patches(plan: ConvPlan, b: Any, acc: np.dtype) -> np.ndarray:
+    """``[G, N*rows.., T*Og]``: window row ``j`` of output cell ``q`` reads ``b[q - L + 1 + j]``
+    (zero outside ``b``)."""
+    axes = phases(plan).axes
+    g = plan.groups
+    x = channels_last_view(b, plan)                               # [N, B.., Cb]
+    pads, cut = [(0, 0)], [slice(None)]
+    for p in axes:        # zeros around b, or rows of b no cell reads (large pads) cut off
+        lo = p.max_shift - p.q_lo
+        hi = p.rows + p.max_shift - p.small - lo
+        pads.append((max(lo, 0), max(hi, 0)))
+        cut.append(slice(max(-lo, 0), p.small - max(-hi, 0)))
+    x = np.pad(x[tuple(cut)].astype(acc, copy=False), [*pads, (0, 0)])
+    rows = tuple(p.rows for p in axes)
+    out = np.empty((plan.batch, *rows, math.prod(p.max_shift + 1 for p in axes),
+                    g, plan.b_channels // g), dtype=acc)
+    for t, offset in enumerate(itertools.product(*(range(p.max_shift + 1) for p in axes))):
+        window = tuple(slice(o, o + n) for o, n in zip(offset, rows))
+        out[(slice(None), *(slice(None),) * len(rows), t)] = x[(slice(None), *window)].reshape(
+            (plan.batch, *rows, g, plan.b_channels // g))
+    out = np.moveaxis(out, -2, 0)                                 # [G, N, rows.., T, Og]
+    return out.reshape((g, -1, out.shape[-2] * out.shape[-1]))
+
+
+def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
+    """One product per group into every phase's cells, then depth to space (module doc)."""
+    out_dtype, acc = dtypes(b, plan)
+    axes = phases(plan).axes
+    nd, g = plan.ndim, plan.groups
+    y = np.matmul(_patches(plan, b, acc), _kernel(plan, w, acc))  # [G, N*rows.., S*Cg]
+    rows, steps = tuple(p.rows for p in axes), tuple(p.stride for p in axes)
+    y = y.reshape((g, plan.batch, *rows, *steps, plan.a_channels // g))
+    # -> [N, R1, s1, .., Rd, sd, G, Cg]: the interleave, as a view
+    order = (1, *itertools.chain.from_iterable((2 + i, 2 + nd + i) for i in range(nd)),
+             0, 2 + 2 * nd)
+    y = y.transpose(order).reshape((plan.batch, *(r * s for r, s in zip(rows, steps)),
+                                    plan.a_channels))
+    y = y[(slice(None), *(slice(p.crop, p.crop + p.size) for p in axes))]
+    add_bias(y, bias)
+    return to_user_layout(y, plan, out_dtype)
