@@ -192,6 +192,15 @@ class Phases:
         return len(self.by_phase) == math.prod(self.strides)
 
     @property
+    def fills_window(self) -> bool:
+        """Whether every phase of every axis has a tap at each shift ``0 .. max_shift`` (k2 s2,
+        k4 s2, k16 s8; not k3 s2): the phases' common window then holds only real taps, and
+        the sub-pixel lowerings (one product into every phase) form exactly the products of
+        the definition."""
+        return all(ms == tuple(range(ax.max_shift + 1))
+                   for ax in self.axes for ms in ax.phase_shifts)
+
+    @property
     def one_tap_per_phase(self) -> bool:
         """Whether every phase has at most one tap (e.g. kernel <= stride): each position of
         ``a`` then receives at most one tap's product."""

@@ -168,6 +168,24 @@ def test_one_tap_per_phase_and_cover_match_brute_force(op, src, wts, attrs):
         assert ph.windows_cover == (min(terms.values()) == 1)
 
 
+@pytest.mark.parametrize("kernel,stride,dilation,full", [
+    (4, 2, 1, True), (2, 2, 1, True), (16, 8, 1, True), (6, 3, 1, True), (3, 1, 2, False),
+    (3, 2, 1, False), (1, 2, 1, False), (5, 2, 1, False), (4, 2, 2, False), (3, 3, 2, False),
+    (5, 3, 2, False)])
+def test_fills_window_matches_brute_force(kernel, stride, dilation, full):
+    # counted directly: each phase r's shifts are the q with q*s + r = k*d for some tap k
+    plan = polyconv.infer_shape("convolution", (1, 30, 2), (kernel, 2, 2), strides=stride,
+                                dilations=dilation)
+    shifts = {r: sorted((k * dilation) // stride for k in range(kernel)
+                        if (k * dilation) % stride == r) for r in range(stride)}
+    top = (kernel - 1) * dilation // stride
+    assert all(shifts[r] == list(range(top + 1)) for r in shifts) == full
+    assert phases(plan).fills_window == full
+    square = polyconv.infer_shape("convolution", (1, 30, 30, 2), (kernel, 3, 2, 2),
+                                  strides=(stride, 1), dilations=(dilation, 1))
+    assert phases(square).fills_window == full     # a stride-1 axis fills its window
+
+
 def _adjoint_pairs(plan):
     """The ``(y.., k.., x..)`` index pairs that :func:`adjoint_phases` forms: each phase's
     forward convolution of ``b`` (output cell ``i``, tap ``j`` of its kernel reads

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from polyconv import ConvPlan
+from polyconv._phases import phases as plan_phases
 
 from . import _sliced, _taps
 from ._forward import (
@@ -342,11 +343,7 @@ def subpixel_is_exact(plan: ConvPlan) -> bool:
     reaches outputs that do not read it (``0 * inf = nan``). The default choice never makes
     such products.
     """
-    for p in _phases(plan):
-        window = tuple(range(p.max_shift + 1))
-        if any(ms != window for ms in p.phase_shifts):
-            return False
-    return True
+    return plan_phases(plan).fills_window
 
 
 def choose_backward_data(plan: ConvPlan) -> str:

@@ -34,9 +34,9 @@ from polyconv._phases import phases
 
 def applies(plan: ConvPlan) -> bool:
     """Whether ``subpixel`` computes ``plan``'s forward: a stride, no dilation, and only real
-    taps in the padded kernel (``K % s == 0`` per axis)."""
+    taps in the padded kernel (``K % s == 0`` per axis: the phases fill their window)."""
     return (any(s > 1 for s in plan.strides) and all(d == 1 for d in plan.dilations)
-            and all(k % s == 0 for k, s in zip(plan.kernel, plan.strides)))
+            and phases(plan).fills_window)
 
 
 def inner_plan(plan: ConvPlan) -> ConvPlan:

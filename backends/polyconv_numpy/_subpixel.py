@@ -29,9 +29,7 @@ from ._common import add_bias, canonical_weights, channels_last_view, dtypes, to
 
 def applies(plan: ConvPlan) -> bool:
     """A stride, and every phase of every axis with a tap at each shift of the window."""
-    axes = phases(plan).axes
-    return any(p.stride > 1 for p in axes) and all(
-        ms == tuple(range(p.max_shift + 1)) for p in axes for ms in p.phase_shifts)
+    return any(s > 1 for s in plan.strides) and phases(plan).fills_window
 
 
 def _kernel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
