@@ -127,6 +127,26 @@ class AxisPhases:
         """Per phase ``r``: the shifts of its taps (in the order of :attr:`taps`)."""
         return tuple(tuple(self.shift[k] for k in ks) for ks in self.taps)
 
+    @property
+    def window_taps(self) -> tuple[tuple[int, ...], ...]:
+        """The phases' common window, ``max_shift + 1`` rows: row ``j``, per phase ``r``, the tap
+        of that phase with shift ``max_shift - j``, or ``kernel`` where it has none (a zero
+        tap, for a lowering that appends one). Cell ``q`` of phase ``r`` receives row ``j``'s
+        tap times ``b[q - max_shift + j]``."""
+        rows = [[self.kernel] * self.stride for _ in range(self.max_shift + 1)]
+        for r, (ks, ms) in enumerate(zip(self.taps, self.phase_shifts)):
+            for k, m in zip(ks, ms):
+                rows[self.max_shift - m][r] = k
+        return tuple(map(tuple, rows))
+
+    @property
+    def window_pads(self) -> tuple[int, int]:
+        """Rows of zeros before and after ``b`` (negative: rows of ``b`` cut off, which no cell
+        reads) such that, for cells ``q_lo .. q_lo+rows-1``, window row ``j`` of cell ``q``
+        is the padded ``b``'s row ``q - q_lo + j``: ``rows + max_shift`` rows in all."""
+        lo = self.max_shift - self.q_lo
+        return lo, self.rows + self.max_shift - self.small - lo
+
     def tap_window(self, k: int) -> Window | None:
         """``b`` indices ``y`` whose tap-``k`` partner ``a[y*s + k*d - pb]`` is in range
         (``Window.positions`` are those ``a`` indices), or ``None``."""

@@ -61,6 +61,28 @@ def test_axis_numbers_match_brute_force():
         assert ax.max_shift == max(ax.shift)
 
 
+def test_the_window_pairs_every_cell_with_its_terms():
+    # brute force: every (y, k) pair whose position x = y*s + k*d - pb is in a lands in cell
+    # q = X // s of phase r = X % s (X = x + pb), on window row j = max_shift - (k*d) // s,
+    # whose tap there is k and whose padded b row (q - q_lo + j) holds b[y]; and the padded
+    # b is rows + max_shift rows long
+    for a, b, k, s, d, pb in AXES:
+        ax = axis_phases(a, b, k, s, d, pb)
+        lo, hi = ax.window_pads
+        assert lo + b + hi == ax.rows + ax.max_shift
+        assert len(ax.window_taps) == ax.max_shift + 1
+        assert all(len(row) == s for row in ax.window_taps)
+        for y, kk, x in pairs(a, b, k, s, d, pb):
+            q, r = divmod(x + pb, s)
+            j = ax.max_shift - (kk * d) // s
+            assert ax.q_lo <= q < ax.q_lo + ax.rows
+            assert ax.window_taps[j][r] == kk
+            assert q - ax.q_lo + j - lo == y
+        # each tap appears once in the window; every other entry is the zero tap (k)
+        taps = [t for row in ax.window_taps for t in row if t != k]
+        assert sorted(taps) == list(range(k))
+
+
 def test_phase_cells_cover_the_large_axis():
     for a, b, k, s, d, pb in AXES:
         ax = axis_phases(a, b, k, s, d, pb)

@@ -36,7 +36,6 @@ from ._forward import (
 from ._subpixel import (
     _by_phase,
     _interleave,
-    _padding,
     _phase_shape,
     _phases,
     _phases_matmul,
@@ -120,10 +119,9 @@ def _elementwise_phases(plan: ConvPlan, precision, b, w):
     acc = plan.acc_dtype
     wk = taps_first(plan, w, per_b_channel=True)            # [K.., Cb/G, Ca]
     tops = tuple(p.max_shift for p in axes)
-    lengths = tuple(p.max_shift + 1 for p in axes)
     config = [(0, 0, 0)] * b.ndim
-    for ax, p, n in zip(plan.spatial_axes, axes, lengths):
-        config[ax] = (*_padding(p, p.max_shift, n), 0)
+    for ax, p in zip(plan.spatial_axes, axes):
+        config[ax] = (*p.window_pads, 0)
     bp = lax.pad(b.astype(acc), jnp.zeros((), acc), config)
     parts = {}
     for r in itertools.product(*(range(p.stride) for p in axes)):
@@ -188,7 +186,7 @@ def _folded(plan: ConvPlan, precision, b, w):
     first, rest = axes[0], axes[1:]
     config = [(0, 0, 0)] * b.ndim
     for ax, p in zip(plan.spatial_axes, axes):
-        config[ax] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
+        config[ax] = (*p.window_pads, 0)
     x = lax.pad(b, jnp.zeros((), b.dtype), config)             # user layout, padded
     g = plan.groups
     wc = jnp.transpose(w, plan.weights_perm)                     # [Cb, Ca/G, K..]
@@ -260,7 +258,7 @@ def _matmul_overlap_add(plan: ConvPlan, precision, b, w):
         spatial, taps = range(nd + 2, 2 * nd + 2), range(nd)
     config = [(0, 0, 0)] * y.ndim
     for ax, p in zip(spatial, axes):
-        config[ax] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
+        config[ax] = (*p.window_pads, 0)
     y = lax.pad(y, jnp.zeros((), y.dtype), config)
     parts = {}
     for r in itertools.product(*(range(p.stride) for p in axes)):

@@ -133,17 +133,13 @@ def _fused_kernel(plan: ConvPlan, w):
     """
     w = jnp.transpose(w, plan.weights_perm)       # [Cb, Ca/G, K..]
     zero = jnp.zeros((), w.dtype)
-    for i, (p, k) in enumerate(zip(_phases(plan), plan.kernel)):
+    for i, p in enumerate(_phases(plan)):
         axis = 2 + 2 * i                           # earlier axes already split in (L, s)
-        top, length = p.max_shift, p.max_shift + 1
-        index = np.full((length, p.stride), k)          # k: the appended zero tap
-        for r, (ks, ms) in enumerate(zip(p.taps, p.phase_shifts)):
-            for t, m in zip(ks, ms):
-                index[top - m, r] = t
+        index = np.array(p.window_taps)            # kernel: the appended zero tap
         config = [(0, 0, 0)] * w.ndim
         config[axis] = (0, 1, 0)
         w = jnp.take(lax.pad(w, zero, config), index.reshape(-1), axis=axis)
-        w = w.reshape((*w.shape[:axis], length, p.stride, *w.shape[axis + 1:]))
+        w = w.reshape((*w.shape[:axis], *index.shape, *w.shape[axis + 1:]))
     return w
 
 
@@ -167,7 +163,7 @@ def _subpixel(plan: ConvPlan, precision, b, w):
     fused = jnp.transpose(fused, order)
     phases = math.prod(p.stride for p in axes)
     fused = fused.reshape((plan.b_channels // g, g * phases * ca_g, *lengths))
-    padding = [_padding(p, p.max_shift, n) for p, n in zip(axes, lengths)]
+    padding = [p.window_pads for p in axes]
     data = _data_spec(plan)
     y = _conv_general(
         b, fused, window_strides=(1,) * nd, padding=padding,
@@ -208,7 +204,7 @@ def _windows(plan: ConvPlan, b):
     x = _group_major(plan, b, plan.b_channels)
     config = [(0, 0, 0)] * x.ndim
     for i, p in enumerate(_phases(plan)):
-        config[2 + i] = (*_padding(p, p.max_shift, p.max_shift + 1), 0)
+        config[2 + i] = (*p.window_pads, 0)
     return lax.pad(x, jnp.zeros((), x.dtype), config)
 
 

@@ -38,10 +38,7 @@ def _kernel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
     g, nd = plan.groups, plan.ndim
     wk = canonical_weights(w, plan, acc)                          # [Cb, Cg, K..]
     for i, p in enumerate(phases(plan).axes):
-        index = np.empty((p.max_shift + 1, p.stride), dtype=np.intp)
-        for r, (ks, ms) in enumerate(zip(p.taps, p.phase_shifts)):
-            for k, m in zip(ks, ms):
-                index[p.max_shift - m, r] = k
+        index = np.array(p.window_taps, dtype=np.intp)   # no zero taps (:func:`applies`)
         axis = 2 + 2 * i                     # earlier axes already split in (L, s)
         wk = np.take(wk, index.reshape(-1), axis=axis)
         wk = wk.reshape((*wk.shape[:axis], *index.shape, *wk.shape[axis + 1:]))
@@ -60,8 +57,7 @@ def _patches(plan: ConvPlan, b: Any, acc: np.dtype) -> np.ndarray:
     x = channels_last_view(b, plan)                               # [N, B.., Cb]
     pads, cut = [(0, 0)], [slice(None)]
     for p in axes:        # zeros around b, or rows of b no cell reads (large pads) cut off
-        lo = p.max_shift - p.q_lo
-        hi = p.rows + p.max_shift - p.small - lo
+        lo, hi = p.window_pads
         pads.append((max(lo, 0), max(hi, 0)))
         cut.append(slice(max(-lo, 0), p.small - max(-hi, 0)))
     x = np.pad(x[tuple(cut)].astype(acc, copy=False), [*pads, (0, 0)])
