@@ -173,17 +173,21 @@ class _Blas:
 BLAS = _Blas()
 
 
-def split_rows(rows: int, work: Callable[[int, int], Any], blas: bool = False) -> list:
+def split_rows(rows: int, work: Callable[[int, int], Any], blas: bool = False,
+               min_rows: int | None = None) -> list:
     """``work(lo, hi)`` over contiguous, near-equal ranges of ``rows`` that cover it, one per
     thread (:func:`threads`), in parallel; the results in range order. Each call must touch
-    only its own rows and scratch.
+    only its own rows and scratch. A thread gets at least ``min_rows`` rows (by default
+    enough for its start-up to pay off on rows of a few channels).
 
     numpy's loops release the GIL. ``blas``: the work calls matrix products; then the ranges
     run only where the BLAS can be held at one thread meanwhile (:class:`_Blas`), and on no
     more threads than the BLAS itself may use (``OPENBLAS_NUM_THREADS=1`` keeps a call on one
     thread).
     """
-    n = min(threads(), rows // (_MIN_BLAS_ROWS_PER_THREAD if blas else _MIN_ROWS_PER_THREAD))
+    if min_rows is None:
+        min_rows = _MIN_BLAS_ROWS_PER_THREAD if blas else _MIN_ROWS_PER_THREAD
+    n = min(threads(), rows // max(min_rows, 1))
     if blas and n > 1:
         n = min(n, BLAS.threads() or 1)
     if n <= 1:

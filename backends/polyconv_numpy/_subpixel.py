@@ -7,10 +7,17 @@ of phase ``r`` receives ``sum_m b[q - m] W[k(m, r)]``. So the ``L^nd`` shifted w
 ``b`` stacked along channels (``[rows, T*Og]``, ``T = prod(L)``) times the kernel arranged as
 ``[T*Og, S*Cg]`` (``S = prod(s)``) give every phase's cells in one matrix product, whose
 ``S*Cg`` columns stay wide where the gather strategy multiplies each phase into ``Cg``
-columns; the product's rows are then interleaved into ``a`` (with the change of layout, one
-copy). FCN-8s's 16x16 stride-8 up-sampling of 21 channels: 64 phases of 4 taps, one
-``[4225, 84] x [84, 1344]`` product. Every product is a real tap's, and cells outside ``a``
-are dropped, so NaN and Inf in ``b`` propagate exactly.
+columns; the product's rows are then interleaved into ``a``, block by block of lines (a
+cache-sized interleaved copy of the block, its crop, bias and change of layout and dtype
+written into ``a``: one pass over memory, split over threads). FCN-8s's 16x16 stride-8
+up-sampling of 21 channels: 64 phases of 4 taps, one ``[4225, 84] x [84, 1344]`` product.
+Every product is a real tap's, and cells outside ``a`` are dropped, so NaN and Inf in ``b``
+propagate exactly.
+
+The blocks replaced a whole interleaving copy followed by a whole change of layout (2-CPU
+x86-64, float32): FCN-8s 26 -> 13.5 ms, the U-Net's 128->64 k2 s2 up-convolution (NCX) 36
+-> 19, Mask R-CNN's 256->256 k2 s2 38 -> 34; the layers with few rows per line (DCGAN's,
+HiFi-GAN's, nnU-Net's) as before.
 """
 
 from __future__ import annotations
@@ -24,7 +31,12 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
-from ._common import add_bias, canonical_weights, channels_last_view, dtypes, to_user_layout
+from ._common import canonical_weights, channels_last_view, dtypes, split_rows
+
+#: bytes of the product one block interleaves (it and its copy stay in cache)
+_BLOCK_BYTES = 1 << 19
+#: bytes of the product from which the interleave is split over threads (per thread)
+_SPLIT_BYTES = 1 << 21
 
 
 def applies(plan: ConvPlan) -> bool:
@@ -73,18 +85,42 @@ def _patches(plan: ConvPlan, b: Any, acc: np.dtype) -> np.ndarray:
 
 
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
-    """One product per group into every phase's cells, then depth to space (module doc)."""
+    """One product per group into every phase's cells, then depth to space (module doc), by
+    blocks of lines (the first spatial axis of the phase grid) on threads."""
     out_dtype, acc = dtypes(b, plan)
     axes = phases(plan).axes
-    nd, g = plan.ndim, plan.groups
+    g, nd = plan.groups, plan.ndim
     y = np.matmul(_patches(plan, b, acc), _kernel(plan, w, acc))  # [G, N*rows.., S*Cg]
-    rows, steps = tuple(p.rows for p in axes), tuple(p.stride for p in axes)
-    y = y.reshape((g, plan.batch, *rows, *steps, plan.a_channels // g))
-    # -> [N, R1, s1, .., Rd, sd, G, Cg]: the interleave, as a view
-    order = (1, *itertools.chain.from_iterable((2 + i, 2 + nd + i) for i in range(nd)),
-             0, 2 + 2 * nd)
-    y = y.transpose(order).reshape((plan.batch, *(r * s for r, s in zip(rows, steps)),
-                                    plan.a_channels))
-    y = y[(slice(None), *(slice(p.crop, p.crop + p.size) for p in axes))]
-    add_bias(y, bias)
-    return to_user_layout(y, plan, out_dtype)
+    lines, per_line = axes[0].rows, math.prod(p.rows for p in axes[1:])
+    out = np.empty(plan.a_shape, dtype=out_dtype)
+    dst = channels_last_view(out, plan)                               # [N, X.., C]
+    bias = None if bias is None else np.asarray(bias).astype(acc, copy=False)
+    line_bytes = per_line * y.shape[-1] * g * acc.itemsize
+    step = max(1, _BLOCK_BYTES // max(line_bytes, 1))
+    # the interleave, as a view of a block's product: [lines, s1, R2, s2, .., G, Cg]
+    order = (1, 1 + nd, *itertools.chain.from_iterable((1 + i, 1 + nd + i)
+                                                        for i in range(1, nd)), 0, 1 + 2 * nd)
+    first, rest = axes[0], tuple(slice(p.crop, p.crop + p.size) for p in axes[1:])
+
+    def work(j: int, hi: int) -> None:
+        while j < hi:
+            n, r0 = divmod(j, lines)
+            r1 = min(r0 + step, lines, r0 + hi - j)
+            j += r1 - r0
+            # the block's cells of a along the first axis: u = r*s + phase in [crop, crop + size)
+            u0 = max(r0 * first.stride, first.crop)
+            u1 = min(r1 * first.stride, first.crop + first.size)
+            if u1 <= u0:
+                continue
+            block = y[:, (n * lines + r0) * per_line: (n * lines + r1) * per_line]
+            block = block.reshape((g, r1 - r0, *(p.rows for p in axes[1:]),
+                                   *(p.stride for p in axes), -1)).transpose(order)
+            block = block.reshape(((r1 - r0) * first.stride,
+                                   *(p.rows * p.stride for p in axes[1:]), plan.a_channels))
+            cells = block[(slice(u0 - r0 * first.stride, u1 - r0 * first.stride), *rest)]
+            if bias is not None:
+                cells += bias
+            dst[n, u0 - first.crop: u1 - first.crop] = cells
+
+    split_rows(plan.batch * lines, work, min_rows=_SPLIT_BYTES // max(line_bytes, 1))
+    return out
