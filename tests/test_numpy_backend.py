@@ -65,10 +65,34 @@ def _split_everything(monkeypatch, threads: int = 3) -> None:
     monkeypatch.setattr(_common, "_MIN_BLAS_ROWS_PER_THREAD", 1)
     monkeypatch.setattr(_common.BLAS, "threads", lambda: threads)
     monkeypatch.setattr(_common, "SPLIT_MIN_ROW", 1)
-    from polyconv_numpy import _depthwise, _window
+    from polyconv_numpy import _depthwise, _subpixel, _window
 
     monkeypatch.setattr(_depthwise, "SPLIT_MIN_VALUES", 0)
     monkeypatch.setattr(_window, "_BLOCK_BYTES", 1)         # a block per output line
+    monkeypatch.setattr(_subpixel, "_BLOCK_BYTES", 1)       # a block per line
+    monkeypatch.setattr(_subpixel, "_SPLIT_BYTES", 1)
+    # the changes of layout by tiles of one row and 2 columns, every tile a thread's
+    monkeypatch.setattr(_common, "_TILE_COLUMNS", 2)
+    monkeypatch.setattr(_common, "_TILE_VALUES", 1)
+    monkeypatch.setattr(_common, "_TILE_MIN_ROWS", 1)
+    monkeypatch.setattr(_common, "_TRANSPOSE_SPLIT_BYTES", 1)
+
+
+@pytest.mark.parametrize("shape", [(3, 200, 300), (1, 31, 5), (2, 64, 256), (2, 40, 1000),
+                                   (0, 4, 4)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("split", [False, True])
+def test_transpose_by_tiles_is_the_transpose(shape, dtype, split, monkeypatch):
+    """The tiled change of layout (tiles cut inside rows and columns, on threads or not),
+    cast to the destination's dtype: numpy's own transpose and cast, exactly."""
+    from polyconv_numpy import _common
+
+    if split:
+        _split_everything(monkeypatch)
+    src = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    dst = np.full((shape[0], shape[2], shape[1]), np.nan, dtype=numpy_dtype(dtype))
+    _common.transpose(dst, src)
+    np.testing.assert_array_equal(dst, np.swapaxes(src, 1, 2).astype(dst.dtype))
 
 
 @pytest.fixture
