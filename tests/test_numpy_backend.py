@@ -696,20 +696,30 @@ def test_stride_one_channels_first_backward_data_matches_the_oracle(op, spatial,
 
 
 @pytest.mark.parametrize(("src", "kernel", "attrs"), [
-    ((2, 5, 4, 6), (4, 4), dict(strides=2, pads_begin=1, pads_end=1, output_padding=1)),
+    ((3, 5, 4, 6), (4, 4), dict(strides=2, pads_begin=1, pads_end=1, output_padding=1)),
     ((2, 6, 6), (16,), dict(strides=8, pads_begin=4, pads_end=4)),          # FCN-8s's k16 s8
     ((2, 4, 5, 4), (4, 2), dict(strides=2, pads_begin=(5, 0), pads_end=(0, 1))),  # pads > k
-    ((1, 3, 2, 3, 4), (2, 2, 2), dict(strides=2, groups=2)),
+    ((2, 3, 2, 3, 4), (2, 2, 2), dict(strides=2, groups=2)),
 ])
 @pytest.mark.parametrize("fmt", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_subpixel_backward_data_matches_the_oracle(src, kernel, attrs, fmt, dtype, monkeypatch):
+@pytest.mark.parametrize("blocks", ["default", "one line on three ranges"])
+def test_subpixel_backward_data_matches_the_oracle(src, kernel, attrs, fmt, dtype, blocks,
+                                                   monkeypatch):
     """The sub-pixel strategy (one product into every phase, then depth to space) where it
     applies: a ConvTranspose with its bias, pads past the kernel (rows of ``src`` no cell
     reads), 1-D to 3-D, groups, both layouts, 16-bit data: the oracle's values, and the
-    strategy taken."""
+    strategy taken. Its interleave by blocks of lines also with blocks of one line over three
+    uneven ranges of lines (as threads would take them, across an image's end)."""
     from polyconv_numpy import _subpixel
 
+    def three_ranges(rows, work, blas=False, min_rows=None):
+        bounds = [0, rows // 3 + 1, 2 * rows // 3 + 1, rows]
+        return [work(lo, max(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+
+    if blocks != "default":
+        monkeypatch.setattr(_subpixel, "_BLOCK_BYTES", 1)
+        monkeypatch.setattr(_subpixel, "split_rows", three_ranges)
     taken = []
     real = _subpixel.backward_data
     monkeypatch.setitem(polyconv_numpy._IMPLEMENTATIONS["backward_data"], "subpixel",
@@ -729,37 +739,3 @@ def test_subpixel_backward_data_matches_the_oracle(src, kernel, attrs, fmt, dtyp
     assert y.shape == ref.shape and y.dtype == x.dtype
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
     assert taken
-
-
-@pytest.mark.parametrize(("src", "kernel", "attrs"), [
-    ((3, 5, 4, 6), (4, 4), dict(strides=2, pads_begin=1, pads_end=1, output_padding=1)),
-    ((2, 6, 6), (16,), dict(strides=8, pads_begin=4, pads_end=4)),          # FCN-8s's k16 s8
-    ((2, 4, 5, 4), (4, 2), dict(strides=2, pads_begin=(5, 0), pads_end=(0, 1))),  # pads > k
-    ((2, 3, 2, 3, 4), (2, 2, 2), dict(strides=2, groups=2)),
-])
-@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
-def test_subpixel_blocks_and_thread_ranges_cover_every_cell_once(src, kernel, attrs, fmt,
-                                                                 monkeypatch):
-    """The sub-pixel strategy's blocks of lines, one line each, over three uneven ranges of
-    lines (as threads would take them, across an image's end), with crops at both ends of
-    every axis: the oracle's values, with the bias."""
-    from polyconv_numpy import _subpixel
-
-    def three_ranges(rows, work, blas=False, min_rows=None):
-        bounds = [0, rows // 3 + 1, 2 * rows // 3 + 1, rows]
-        return [work(lo, max(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
-
-    monkeypatch.setattr(_subpixel, "_BLOCK_BYTES", 1)
-    monkeypatch.setattr(_subpixel, "split_rows", three_ranges)
-    rng = np.random.default_rng(41)
-    groups = attrs.get("groups", 1)
-    shape = src if fmt == "NXC" else (src[0], src[-1], *src[1:-1])
-    x = rng.standard_normal(shape).astype(np.float32)
-    w = rng.standard_normal((src[-1], 6 // groups, *kernel)).astype(np.float32)  # IOX
-    bias = rng.standard_normal(6).astype(np.float32)
-    attrs = {**attrs, "data_format": fmt, "weights_format": "IOX"}
-    with polyconv_numpy.strategy(backward_data="subpixel"):
-        y = polyconv.conv_transpose(x, w, bias, **attrs)
-    ref = reference("conv_transpose", x, w, bias, **attrs)
-    assert y.shape == ref.shape
-    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
