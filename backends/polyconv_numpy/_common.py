@@ -26,10 +26,22 @@ def channels_last_view(x: Any, plan: ConvPlan) -> np.ndarray:
 def channels_last(x: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
     """The data tensor as a C-contiguous channels-last array of the accumulation dtype."""
     x = np.asarray(x)
-    if plan.channels_last or not x.flags.c_contiguous or x.ndim < 3:
-        return np.ascontiguousarray(channels_last_view(x, plan), dtype=acc)
-    out = np.empty((x.shape[0], *x.shape[2:], x.shape[1]), dtype=acc)
-    transpose(out.reshape(x.shape[0], -1, x.shape[1]), x.reshape(*x.shape[:2], -1))
+    return np.ascontiguousarray(x, dtype=acc) if plan.channels_last else _move_channels(
+        x, acc, to_last=True)
+
+
+def _move_channels(x: np.ndarray, dtype: np.dtype, to_last: bool) -> np.ndarray:
+    """``x`` (``[N, C, X..]``, or ``[N, X.., C]`` when not ``to_last``) with its channels moved
+    to the other end, C-contiguous, in ``dtype``: by tiles (:func:`transpose`) where ``x`` is
+    C-contiguous with a spatial axis, else numpy's copy of the moved view."""
+    if not x.flags.c_contiguous or x.ndim < 3:
+        return np.ascontiguousarray(np.moveaxis(x, 1 if to_last else -1, -1 if to_last else 1),
+                                    dtype=dtype)
+    n = x.shape[0]
+    src = x.reshape(n, x.shape[1], -1) if to_last else x.reshape(n, -1, x.shape[-1])
+    out = np.empty((n, *x.shape[2:], x.shape[1]) if to_last
+                   else (n, x.shape[-1], *x.shape[1:-1]), dtype=dtype)
+    transpose(out.reshape(n, src.shape[2], src.shape[1]), src)
     return out
 
 
@@ -99,13 +111,8 @@ def copy_channels_first(dst: np.ndarray, src: np.ndarray) -> None:
 
 def to_user_layout(y: np.ndarray, plan: ConvPlan, dtype: np.dtype) -> np.ndarray:
     """A channels-last result in the user's data layout and dtype (one rounding)."""
-    if plan.channels_last:
-        return np.ascontiguousarray(y, dtype=dtype)
-    if not y.flags.c_contiguous or y.ndim < 3:
-        return np.ascontiguousarray(np.moveaxis(y, -1, 1), dtype=dtype)
-    out = np.empty((y.shape[0], y.shape[-1], *y.shape[1:-1]), dtype=dtype)
-    transpose(out.reshape(*out.shape[:2], -1), y.reshape(y.shape[0], -1, y.shape[-1]))
-    return out
+    return np.ascontiguousarray(y, dtype=dtype) if plan.channels_last else _move_channels(
+        y, dtype, to_last=False)
 
 
 def add_bias(acc: np.ndarray, bias: Any) -> None:
