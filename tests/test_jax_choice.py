@@ -470,6 +470,23 @@ def test_folded_is_measured_for_ungrouped_plans_only_on_cpu():
         assert "folded" in _choice.candidates(primitive, grouped, "gpu")
 
 
+def test_grouped_weight_gradients_measure_no_batch_grouped_convolution_on_cpu():
+    """A grouped weight gradient computed by XLA CPU's batch-grouped convolution (``direct``,
+    ``bands``, ``phases``) takes 10-600x the time of ``depthwise`` or ``grouped`` (seconds a
+    call): where either applies, only they are measured on CPU. Where neither does, and on
+    GPU, the plain lowering is measured."""
+    for groups in (4, 8):                       # 2 channels per group on both sides, and 1
+        plan = _conv_plan((3, 3), 1, groups=groups)
+        names = _choice.candidates("backward_weights", plan, "cpu")
+        assert names and set(names) <= {"depthwise", "grouped"}
+        assert "direct" in _choice.candidates("backward_weights", plan, "gpu")
+        assert "direct" in _choice.candidates("forward", plan, "cpu")
+    # 40 groups (past grouped's 32) of 16 channels (past depthwise's 8): the plain lowering
+    wide = _conv_plan((3, 3), 1, groups=40, src=(2, 9, 9, 640), oc=640)
+    assert "direct" in _choice.candidates("backward_weights", wide, "cpu")
+    assert "direct" in _choice.candidates("backward_weights", _conv_plan((3, 3), 1), "cpu")
+
+
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_folded_forward_is_measured_on_channels_first_data_with_three_axes_only_on_cpu(nd):
     """On CPU the folded forward of channels-first data runs within 10% of the plain

@@ -229,8 +229,6 @@ def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
         common |= {"windows in place", "padded copy", "a window of padding only"}
     for lowering, features in seen.items():
         needed = common - ({"depthwise", "groups"} if lowering in UNGROUPED_ONLY else set())
-        if lowering == "depthwise":        # depthwise plans only
-            needed -= {"groups", "no groups"}
         assert needed <= features, (lowering, sorted(needed - features))
 
 
@@ -452,12 +450,7 @@ _WEIGHTS_OP = {"conv_transpose": "conv_transpose_backward_weights",
 
 
 def _bw_params():
-    def applies(lowering, groups):
-        if lowering == "depthwise":
-            return groups in ("dw", "dw2")
-        return _applies(lowering, groups)
-
-    return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, applies)
+    return _lowering_params(BACKWARD_WEIGHTS_LOWERINGS, _applies)
 
 
 def test_default_forward_choice():
@@ -508,6 +501,13 @@ def test_default_backward_weights_choice():
     assert choose(plan((4, 2048, 128), (3, 128, 64))) == "direct"
     assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "depthwise"
     assert choose(plan((8, 56, 56, 64), (3, 3, 8, 64), groups=8)) == "grouped"
+    # a channel multiplier (one src channel per group, two dst channels), and up to 8 channels
+    # per group on both sides past the per-group lowering's 32 groups: elementwise, never XLA's
+    # grouped weight-gradient convolution (seconds a call); ResNeXt-50's 32 groups of 4 per group
+    assert choose(plan((8, 56, 56, 32), (3, 3, 1, 64), groups=32)) == "depthwise"
+    assert choose(plan((8, 56, 56, 144), (3, 3, 1, 288), groups=144)) == "depthwise"
+    assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "depthwise"
+    assert choose(plan((4, 56, 56, 128), (3, 3, 4, 128), groups=32)) == "grouped"
     assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases"
     # 3-D without a stride: per tap of the first axis, 2-D weight gradients in pieces
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32), pads_begin=1,
@@ -757,9 +757,9 @@ def test_backward_weights_lowering_low_precision(lowering, ratio, dtype, monkeyp
 # channels-last depthwise weight gradients large enough to be summed in blocks of positions
 # (src spatial, src channels, groups, kernel, strides; "same" pads); a last one too small
 _DEPTHWISE_BLOCKED = (
-    ((32, 32), 6, 6, (3, 3), 1),          # 2048 positions: 2 reductions of 5 and 4 products
-    ((64, 64), 6, 3, (3, 3), 2),          # channel multiplier 2 in, strided: 18 products
-    ((1024,), 4, 4, (7,), 1),             # one spatial axis
+    ((32, 32), 6, 6, (3, 3), 1),          # 2048 positions: the 9 products in one reduction
+    ((64, 64), 6, 3, (3, 3), 2),          # 2 channels in a group, strided: 18 products in 4
+    ((1024,), 4, 4, (7,), 1),             # one spatial axis, 7 products in one reduction
     ((16, 16, 10), 2, 2, (3, 3, 3), 1),   # 3-D: 27 products, 6 reductions
     ((13, 11), 6, 6, (3, 3), 1),          # 2 * 11 * 9 positions: the whole-row reduction
 )

@@ -15,7 +15,7 @@ from . import _sliced, _taps
 from ._backward_data import narrow
 from ._forward import (
     ELEMENTWISE_MAX_CHANNELS,
-    few_per_group,
+    ELEMENTWISE_POLICY_CHANNELS,
     folded_operand,
     folded_spec,
     group_channels,
@@ -153,47 +153,55 @@ def _weights_phases(plan: ConvPlan, precision, a, b):
 #: channels-last depthwise weight gradients sum their products over blocks of this many
 #: consecutive positions first (see :func:`_weights_depthwise`)
 DEPTHWISE_BLOCK = 8
-#: ... in XLA reductions of at most this many products each
+#: ... in XLA reductions of at most this many products each, or of all of them where there
+#: are no more than :data:`DEPTHWISE_ONE_REDUCE_MAX`
 DEPTHWISE_PRODUCTS_PER_REDUCE = 5
+DEPTHWISE_ONE_REDUCE_MAX = 9
 
 
 def _weights_depthwise(plan: ConvPlan, precision, a, b):
-    """One channel of ``b`` per group: ``dW[g, i, k] = sum_{n,y} a_k[n, y, g*Ca/G + i] b[n, y, g]``
-    per tap ``k`` and channel ``i`` of a group, with no contraction over channels to make a
-    matrix product of. The elementwise products of every tap and channel are summed over runs
+    """Few channels per group on both sides (depthwise: one ``b`` channel per group, or a
+    channel multiplier): ``dW[o, i, k] = sum_{n,y} a_k[n, y, g*Ca/G + i] b[n, y, o]`` per tap
+    ``k``, channel ``i`` of a group and channel ``o`` of ``b`` (in group ``g``), with no
+    contraction over channels to make a matrix product of: one product per tap and ``i``,
+    ``a``'s channel repeated ``Cb/G`` times against all of ``b``. The elementwise products of
+    every tap and channel are summed over runs
     of rows in variadic XLA reductions, each reading the elements of ``a`` and ``b`` once for
     all its products (a reduction per product reads them once per product: 3-5x slower);
     then the partial sums are summed. ``precision`` has no effect."""
     del precision
-    ca_g = plan.a_channels // plan.groups
+    ca_g, cb_g = plan.a_channels // plan.groups, plan.b_channels // plan.groups
     acc = plan.acc_dtype
     window_of, y = windows(plan, a.astype(acc)), b.astype(acc)
     taps = list(itertools.product(*(range(k) for k in plan.kernel)))
     # the rows, and which axes of them one reduction sums. Channels-last data: blocks of
-    # DEPTHWISE_BLOCK consecutive positions, [P/8, 8, G] summed over the block, in reductions
+    # DEPTHWISE_BLOCK consecutive positions, [P/8, 8, Cb] summed over the block, in reductions
     # of at most DEPTHWISE_PRODUCTS_PER_REDUCE products (XLA CPU, 2 CPUs, against the whole
     # rows below in one reduction: MobileNetV2's 3x3 layers 10-11 -> 3-5.5 ms, EfficientNet-B0's
     # 5x5 7-8 -> 3.7-4.5, a conformer's 1-D k31 58 -> 8-10, a 3-D k3 1.9 -> 0.8, ConvNeXt-T's
     # 7x7 as fast; blocks of 4, 7 or 16 positions, or one reduction of every product, ran up
-    # to 2-10x slower); where the positions do not split into 256 or more such blocks,
-    # [N, Y.., X*G] summed over Y.. (2-4x faster than [N*Y.., X, G] over N*Y..) or, with one
-    # spatial axis, [N, X, G] over N. Channels-first data: [N, G, Y.., X] over N and Y.., in
+    # to 2-10x slower; a 3x3 or a 7-tap kernel's products all in one reduction ran 10-25%
+    # faster than in reductions of 5, a 5x5 kernel's in reductions of 9 up to 2x slower);
+    # where the positions do not split into 256 or more such blocks,
+    # [N, Y.., X*Cb] summed over Y.. (2-4x faster than [N*Y.., X, Cb] over N*Y..) or, with one
+    # spatial axis, [N, X, Cb] over N. Channels-first data: [N, Cb, Y.., X] over N and Y.., in
     # one reduction (splitting it ran slower on three of five layers). The rest is summed
     # after.
     front, last = math.prod(plan.b_spatial[:-1]), plan.b_spatial[-1]
-    n, g = plan.batch, plan.groups
+    n, cb = plan.batch, plan.b_channels
     positions, block = n * front * last, DEPTHWISE_BLOCK
     per_reduce = None
     if plan.channels_last and positions % block == 0 and positions // block >= 256:
-        rows, summed = (positions // block, block, g), (1,)
-        per_reduce = DEPTHWISE_PRODUCTS_PER_REDUCE
+        rows, summed = (positions // block, block, cb), (1,)
+        if len(taps) * ca_g > DEPTHWISE_ONE_REDUCE_MAX:
+            per_reduce = DEPTHWISE_PRODUCTS_PER_REDUCE
     elif plan.channels_last:
-        rows, summed = ((n, front, last * g), (1,)) if front > 1 else ((n, last, g), (0,))
+        rows, summed = ((n, front, last * cb), (1,)) if front > 1 else ((n, last, cb), (0,))
     elif front > 1:
-        rows, summed = (n, g, front, last), (0, 2)
+        rows, summed = (n, cb, front, last), (0, 2)
     else:
-        rows, summed = (n, g, last), (0,)
-    products = tuple(_merge(group_channels(plan, window_of(k), i, ca_g, 1) * y, rows)
+        rows, summed = (n, cb, last), (0,)
+    products = tuple(_merge(group_channels(plan, window_of(k), i, ca_g, cb_g) * y, rows)
                      for k in taps for i in range(ca_g))
     per_reduce = per_reduce or len(products)
     sums = []
@@ -201,9 +209,9 @@ def _weights_depthwise(plan: ConvPlan, precision, a, b):
         some = products[j:j + per_reduce]
         sums += lax.reduce(some, (jnp.zeros((), acc),) * len(some),
                            lambda s, t: tuple(u + v for u, v in zip(s, t)), summed)
-    per_tap = jnp.stack([part.reshape(-1, g).sum(0) if plan.channels_last else part.sum(-1)
+    per_tap = jnp.stack([part.reshape(-1, cb).sum(0) if plan.channels_last else part.sum(-1)
                          for part in sums])
-    w = per_tap.reshape((*plan.kernel, ca_g, plan.groups))
+    w = per_tap.reshape((*plan.kernel, ca_g, cb))
     w = jnp.transpose(w, (plan.ndim + 1, plan.ndim, *range(plan.ndim)))  # [Cb, Ca/G, K..]
     return jnp.transpose(w, plan.weights_inverse_perm)
 
@@ -318,8 +326,8 @@ BACKWARD_WEIGHTS = {"direct": _weights_direct, "bands": _weights_bands, "phases"
 def weights_applicable(plan: ConvPlan, lowering: str) -> bool:
     """Whether ``lowering`` can compute ``plan``'s backward_weights."""
     if lowering == "depthwise":
-        return (plan.b_channels == plan.groups
-                and plan.a_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS)
+        return all(c // plan.groups <= ELEMENTWISE_MAX_CHANNELS
+                   for c in (plan.a_channels, plan.b_channels))
     if lowering == "grouped":
         return splits_by_group(plan)
     if lowering == "bands":
@@ -336,7 +344,12 @@ def choose_backward_weights(plan: ConvPlan) -> str:
 
     XLA CPU's ``batch_group_count`` convolution is a slow path (100x torch for 8 groups), so
     grouped plans are split per group (``grouped``), depthwise ones go elementwise
-    (``depthwise``); strided 3-D plans use ``phases`` (XLA's 3-D weight gradient with a
+    (``depthwise``: one channel per group on one side and at most
+    :data:`~polyconv_jax._forward.ELEMENTWISE_POLICY_CHANNELS` on the other, a channel
+    multiplier included, or up to :data:`~polyconv_jax._forward.ELEMENTWISE_MAX_CHANNELS` on
+    both sides where ``grouped`` does not apply: a 3x3 32->64 layer in 32 groups at 8x56x56
+    took 3.4 ms against 10 per group and 3.5 s for ``direct``; ResNeXt-50's 32 groups of 4
+    ran as fast per group); strided 3-D plans use ``phases`` (XLA's 3-D weight gradient with a
     dilated kernel is 3x slower); ungrouped plans with few input columns
     (:func:`~polyconv_jax._backward_data.narrow`) gather patches and multiply once
     (``patches_matmul``: 2.5x faster for a 3-D 1->64 k3 s2 gradient); ungrouped 3-D plans
@@ -349,7 +362,10 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     if narrow(plan) and patches_fit(plan):
         return "patches_matmul"
     if plan.groups > 1:
-        if plan.b_channels == plan.groups and few_per_group(plan, plan.a_channels):
+        fewer, more = sorted(c // plan.groups for c in (plan.a_channels, plan.b_channels))
+        if weights_applicable(plan, "depthwise") and (
+                (fewer == 1 and more <= ELEMENTWISE_POLICY_CHANNELS)
+                or not splits_by_group(plan)):
             return "depthwise"
         return "grouped" if splits_by_group(plan) else "direct"
     if plan.ndim >= 3 and any(s > 1 for s in plan.strides):

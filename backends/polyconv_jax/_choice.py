@@ -199,7 +199,13 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     (:func:`~polyconv_jax._backward_data.direct_aborts_xla_cpu`). Nor are the ``folded``
     lowerings of grouped plans on CPU: their convolutions are XLA CPU's grouped slow path,
     like ``direct``'s (a depthwise weight gradient's took 2.5-5.6 s a call, against 8-33 ms
-    for ``depthwise``), so they cannot win either. Nor is the ``folded`` forward of
+    for ``depthwise``), so they cannot win either. For the same reason a grouped weight
+    gradient measures on CPU only ``depthwise`` and ``grouped`` where either applies: the
+    others (``direct``, ``bands``, ``phases``, ``sliced``) compute it with XLA CPU's
+    batch-grouped convolution, 10-600x their time on the corpus's grouped layers (ResNeXt-50's
+    32 groups of 4: 4.9-5.0 s a call against 8.6 ms; ResNeXt-101 64x4d's 64 groups of 4: 24 s
+    against 64 ms), so their two measured calls would make a first call take minutes. Nor is
+    the ``folded`` forward of
     channels-first data with one or two spatial axes on CPU: there it runs within 10% of the
     plain convolution either way, so its measurement picks by noise (the U-Net's 3x3 64->64
     at 128x128: measured 5% faster and taken, it then ran 21.2 ms against 19.5 for ``direct``
@@ -226,6 +232,9 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     if platform == "cpu" and (plan.groups > 1 or (
             primitive == "forward" and not plan.channels_last and plan.ndim <= 2)):
         out = [name for name in out if name != "folded"]
+    if platform == "cpu" and primitive == "backward_weights" and plan.groups > 1 and (
+            {"depthwise", "grouped"} & set(out)):
+        out = [name for name in out if name in ("depthwise", "grouped")]
     if plan.ndim < 3 or (primitive == "backward_data" and set(plan.strides[1:]) != {1}):
         out = [name for name in out if name != "sliced"]
     contracted = {"forward": plan.a_channels, "backward_data": plan.b_channels,
