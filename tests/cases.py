@@ -89,8 +89,9 @@ DTYPES = ["float32", "float16", "bfloat16", "float64"]
 KERNELS = {1: (1, 1, 1), 2: (2, 2, 2), 3: (3, 3, 3), "mixed": (3, 1, 2)}
 STRIDES = {1: 1, 2: 2, 3: 3, "mixed": {1: [3], 2: (1, 2), 3: (2, 1, 3)}}
 DILATIONS = {1: 1, 2: 2, "mixed": {1: [2], 2: (2, 1), 3: (1, 2, 1)}}
-# (groups, channels of the large tensor a, channels of the small tensor b)
-GROUPS = {"1": (1, 3, 4), "some": (2, 4, 6), "depthwise": (3, 3, 3)}
+# (groups, channels of the large tensor a, channels of the small tensor b); "multiplier": two
+# channels of b per channel of a in each group (a depthwise channel multiplier)
+GROUPS = {"1": (1, 3, 4), "some": (2, 4, 6), "depthwise": (3, 3, 3), "multiplier": (3, 3, 6)}
 # Free spatial sizes: of the large tensor (forward-direction ops) or the small one.
 LARGE_SIZES = {1: (7,), 2: (6, 5), 3: (5, 4, 4)}
 SMALL_SIZES = {1: (4,), 2: (3, 4), 3: (2, 3, 2)}
@@ -103,7 +104,7 @@ COMMON_DIMS = {
     "dilations": [1, 2, "mixed"],
     "pads": ["zero", "int", "asym"],
     "auto_pad": ["none", "same_upper", "same_lower", "valid"],
-    "groups": ["1", "some", "depthwise"],
+    "groups": ["1", "some", "depthwise", "multiplier"],
     "data_format": ["NXC", "NCX", "default"],
     "weights_format": ["XIO", "OIX", "IOX", "XOI", "default"],
     "dtype": DTYPES,

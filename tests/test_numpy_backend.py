@@ -353,15 +353,19 @@ def test_peak_memory_at_most_twice_inputs_and_output(monkeypatch, case, strategy
     assert peak <= 2 * (sum(a.nbytes for a in arrays) + y.nbytes)
 
 
+@pytest.mark.parametrize("multiplier", [1, 2, 3])
 @pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
 @pytest.mark.parametrize(("channels", "spatial", "strides"), [
     (96, (30, 29), 1), (5, (29, 31), 1), (7, (23, 26), 2), (96, (17, 9), (2, 1))])
-def test_depthwise_tap_sums_match_the_oracle(op, channels, spatial, strides):
+def test_depthwise_tap_sums_match_the_oracle(op, channels, spatial, strides, multiplier):
     # one channel per group on the grid: blocks of rows whose count is not a multiple of the
-    # tiled weights' rows, so both loops of the tap sum run (tiled and the remainder)
+    # tiled weights' rows, so both loops of the tap sum run (tiled and the remainder); with a
+    # channel multiplier, one tap sum per output of a group (forward), or their sum (the
+    # ConvTranspose's backward_data, whose input has the multiplied channels)
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, *spatial, channels)).astype(np.float32)
-    w = rng.standard_normal((3, 3, 1, channels)).astype(np.float32)
+    cin = channels * multiplier if op == "conv_transpose" else channels
+    x = rng.standard_normal((2, *spatial, cin)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 1, channels * multiplier)).astype(np.float32)
     attrs = dict(strides=strides, pads_begin=(1, 0), pads_end=(0, 1), groups=channels)
     if op == "conv_transpose":
         attrs["weights_format"] = "XOI"
@@ -394,7 +398,7 @@ def test_depthwise_taps_of_one_array_are_read_as_one_view_when_regular(offsets, 
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("multiplier", [1, 2])
+@pytest.mark.parametrize("multiplier", [1, 2, 3])
 def test_depthwise_weight_sums_split_over_threads_match_the_oracle(monkeypatch, threads,
                                                                    multiplier):
     """The depthwise weight gradient sums ranges of rows in parallel (one per thread, at any

@@ -38,7 +38,6 @@ from ._common import (
     copy_channels_first,
     dtypes,
     split_products,
-    split_rows,
     to_user_layout,
     weights_matrix,
 )
@@ -247,15 +246,12 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     phases = grid.split(a, acc)
     sources = [(phases[phase], off) for phase, off in grid.taps]
     b = np.empty((grid.rows, plan.b_channels), dtype=acc)
-    if ch.depthwise and ch.og == 1:
-        tap_sum(b, groups(sources, grid.ks, np.ascontiguousarray(w4[:, 0, 0, :].T)))
-    elif ch.depthwise:      # a channel multiplier: each input channel feeds Og outputs
-        w_t = np.ascontiguousarray(w4[:, :, 0, :].transpose(2, 0, 1))    # [T, G, Og]
-        for j0, j1 in _blocks(0, grid.rows, plan.b_channels * acc.itemsize):
-            out = b[j0:j1].reshape(j1 - j0, ch.g, ch.og)
-            out[...] = 0
-            for (src, off), wt in zip(sources, w_t):
-                out += src[j0 + off: j1 + off, :, None] * wt
+    if ch.depthwise:        # a depthwise sum per output of a group (a channel multiplier)
+        part = b if ch.og == 1 else np.empty((grid.rows, ch.g), dtype=acc)
+        for o in range(ch.og):
+            tap_sum(part, groups(sources, grid.ks, np.ascontiguousarray(w4[:, o, 0, :].T)))
+            if ch.og > 1:
+                b.reshape(grid.rows, ch.g, ch.og)[:, :, o] = part
     else:
         # [G, T*Cg, Og]: taps stacked along the contraction, matching gather()
         wcat = weights_matrix(w4, (3, 2), (1,))
@@ -357,19 +353,18 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
     lead = grid.margin
     b_rows = grid.embed(b, lead, acc)
     rows = np.empty((grid.rows, plan.a_channels), dtype=acc)
+    if ch.depthwise:        # each output of a group as a [rows, G] array (b_rows if one)
+        outputs = [np.ascontiguousarray(b_rows[:, o::ch.og]) for o in range(ch.og)]
+        part = np.empty_like(rows) if ch.og > 1 else rows
     for phase, taps in grid.phases.items():
         sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
-        if ch.depthwise and ch.og == 1:
-            tap_sum(rows, groups(sources, [grid.ks[t] for t in taps],
-                                 np.ascontiguousarray(w4[:, 0, 0, taps].T)))
-        elif ch.depthwise:
-            w_t = np.ascontiguousarray(w4[:, :, 0, taps].transpose(2, 0, 1))  # [n, G, Og]
-            for j0, j1 in _blocks(0, grid.rows, plan.b_channels * acc.itemsize):
-                out = rows[j0:j1]
-                out[...] = 0
-                for (src, off), wt in zip(sources, w_t):
-                    blk = src[j0 + off: j1 + off].reshape(j1 - j0, ch.g, ch.og)
-                    out += np.einsum("ngo,go->ng", blk, wt)
+        if ch.depthwise:    # a depthwise sum per output of a group (a channel multiplier)
+            for o, b_o in enumerate(outputs):
+                tap_sum(part if o else rows,
+                        groups([(b_o, off) for _, off in sources], [grid.ks[t] for t in taps],
+                               np.ascontiguousarray(w4[:, o, 0, taps].T)))
+                if o:
+                    np.add(rows, part, out=rows)
         else:
             n = len(taps)
             # [G, n*Og, Cg]: this phase's taps stacked along the contraction
@@ -430,20 +425,10 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     b_rows = grid.embed(b, 0, acc)
     sources = [(phases[phase], off) for phase, off in grid.taps]
     t = len(sources)
-    if ch.depthwise and ch.og == 1:
-        dw = tap_weights(b_rows, groups(sources, grid.ks))
-        w4 = dw.T[:, None, None, :]                                   # [G, 1, 1, T]
-    elif ch.depthwise:      # a channel multiplier
-        def work(lo: int, hi: int) -> np.ndarray:    # this range's sums, by blocks of rows
-            dw = np.zeros((t, ch.g, ch.og), dtype=acc)
-            for j0, j1 in _blocks(lo, hi, plan.b_channels * acc.itemsize, of=grid.rows):
-                blk = b_rows[j0:j1].reshape(j1 - j0, ch.g, ch.og)
-                for i, (src, off) in enumerate(sources):
-                    dw[i] += np.einsum("ngo,ng->go", blk, src[j0 + off: j1 + off])
-            return dw
-
-        # ranges in parallel: einsum's loops release the GIL for long enough to gain
-        dw = sum(split_rows(grid.rows, work))
+    if ch.depthwise:        # per output of a group (a channel multiplier): its tap sums
+        taps = groups(sources, grid.ks)     # (b_rows itself, uncopied, for one output)
+        dw = np.stack([tap_weights(np.ascontiguousarray(b_rows[:, o::ch.og]), taps)
+                       for o in range(ch.og)], axis=-1)              # [T, G, Og]
         w4 = dw.transpose(1, 2, 0)[:, :, None, :]                    # [G, Og, 1, T]
     else:
         def work_dense(lo: int, hi: int) -> np.ndarray:     # this range's sum
