@@ -165,6 +165,20 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
             assert all(c > 0 for c in costs.values())
 
 
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_cost_model_prices_a_strided_depthwise_backward_data_as_tap_sums(multiplier):
+    # CenterNet's DLA-34 up-sampling (a depthwise k4 s2 ConvTranspose): the grid's tap sums
+    # per phase, 3x faster than the sub-pixel product of one channel per group, which is not
+    # offered; with a channel multiplier (the ConvTranspose's input has the multiplied
+    # channels) too
+    plan = polyconv.infer_shape("conv_transpose", (8, 64, 64, 64 * multiplier),
+                                (4, 4, 1, 64 * multiplier), strides=2, pads_begin=1,
+                                pads_end=1, groups=64, weights_format="XOI")
+    costs = polyconv_numpy.costs("backward_data", plan)
+    assert "subpixel" not in costs
+    assert polyconv_numpy.choose("backward_data", plan) == "gather"
+
+
 def test_cost_model_takes_the_exact_weight_gradient_for_small_images_of_wide_channels():
     # DCGAN's 512->256 layer on 4x4 images: the grid's phase cells add 56% rows to a product
     # of 4096 columns, the exact path's per-tap products are as long as the data (2.5x
