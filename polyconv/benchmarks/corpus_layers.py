@@ -44,16 +44,18 @@ def _kernel(k, d: int) -> tuple[int, ...]:
     return tuple(k) if isinstance(k, tuple) else (k,) * d
 
 
-def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", source=""):
+def _ct(model, name, src, ic, oc, k, s, p, op=0, fmt="NXC", dtype="float32", source="",
+        groups=1):
     """A ConvTranspose layer; weights in the framework's layout for ``fmt`` (torch's IOX for
     channels-first, Flax's XIO-like XOI for channels-last)."""
     d = len(src) - 1            # src: batch and spatial sizes
+    og = oc // groups
     if fmt == "NCX":
-        shape, wshape, wfmt = (src[0], ic, *src[1:]), (ic, oc, *_kernel(k, d)), "IOX"
+        shape, wshape, wfmt = (src[0], ic, *src[1:]), (ic, og, *_kernel(k, d)), "IOX"
     else:
-        shape, wshape, wfmt = (*src, ic), (*_kernel(k, d), oc, ic), "XOI"
+        shape, wshape, wfmt = (*src, ic), (*_kernel(k, d), og, ic), "XOI"
     return Layer(model, name, "conv_transpose", shape, wshape,
-                 dict(strides=s, pads_begin=p, pads_end=p, output_padding=op,
+                 dict(strides=s, pads_begin=p, pads_end=p, output_padding=op, groups=groups,
                       data_format=fmt, weights_format=wfmt), dtype, source)
 
 
@@ -86,6 +88,9 @@ _CONVNEXT = "facebookresearch/ConvNeXt models/convnext.py Block (ConvNeXt-T, 7x7
 
 _RESNET_1X1 = "torchvision resnet50 (Bottleneck 1x1 convolutions, and layer2's downsample)"
 _RESNEXT = "torchvision resnext50_32x4d (layer1 Bottleneck 3x3: width 128, 32 groups)"
+_RESNEXT101 = "torchvision resnext101_64x4d (layer1 Bottleneck 3x3: width 256, 64 groups of 4)"
+_CENTERNET = ("xingyizhou/CenterNet pose_dla_dcn.py IDAUp up_i: ConvTranspose2d(o, o, 2f, "
+              "stride=f, padding=f//2, groups=o), o = 64, DLA-34 on a 512x512 image")
 _DEEPLAB = ("torchvision segmentation deeplabv3 ASPPConv (rate 12), at output stride 16 on a "
             "513x513 image as in the DeepLabV3 paper")
 _WHISPER = "openai/whisper model.py AudioEncoder conv2 (tiny: n_state 384, 3000 mel frames)"
@@ -135,6 +140,10 @@ LAYERS: tuple[Layer, ...] = (
         source=_NNUNET),
     _ct("MONAI UNet", "ConvT3d 64->32 k3 s2 16^3", (1, 16, 16, 16), 64, 32, 3, 2, 1, op=1,
         source=_MONAI),
+    _ct("CenterNet DLA-34", "depthwise ConvT 64 k4 s2 64x64 NCX", (4, 64, 64), 64, 64, 4, 2, 1,
+        fmt="NCX", groups=64, source=_CENTERNET),
+    _ct("CenterNet DLA-34", "depthwise ConvT 64 k8 s4 32x32 NCX", (4, 32, 32), 64, 64, 8, 4, 2,
+        fmt="NCX", groups=64, source=_CENTERNET),
     _conv("ResNet-50", "Conv 3->64 k7 s2 224x224 (stem)", (4, 224, 224), 3, 64, 7, 2, 3,
           source=_RESNET_STEM),
     _conv("ResNet-50", "Conv 64->64 k3 s1 56x56", (4, 56, 56), 64, 64, 3, 1, 1,
@@ -160,6 +169,8 @@ LAYERS: tuple[Layer, ...] = (
           0, source=_RESNET_1X1),
     _conv("ResNeXt-50", "grouped 128->128 k3 g32 56x56", (4, 56, 56), 128, 128, 3, 1, 1,
           groups=32, source=_RESNEXT),
+    _conv("ResNeXt-101 64x4d", "grouped 256->256 k3 g64 56x56", (4, 56, 56), 256, 256, 3, 1,
+          1, groups=64, source=_RESNEXT101),
     _conv("DeepLabV3", "ASPP 2048->256 k3 d12 33x33", (1, 33, 33), 2048, 256, 3, 1, 12,
           dilation=12, source=_DEEPLAB),
     _conv("Whisper-tiny", "Conv1d 384->384 k3 s2 NCX", (1, 3000), 384, 384, 3, 2, 1, fmt="NCX",
