@@ -342,7 +342,8 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
     limit = (_CHANNELS_FIRST_STRIDE_ONE if not plan.channels_last and set(plan.strides) == {1}
              else _CHANNELS_FIRST_MAX)
     channels_first = 1 < ch.cg <= limit
-    phases = (_phases_channels_first if channels_first else _phases)(plan, grid, ch, w4, b, acc)
+    phases = (_phases_channels_first if channels_first else
+              _phases_depthwise if ch.depthwise else _phases)(plan, grid, ch, w4, b, acc)
     for phase, rows in phases:
         grid.put(out_cl, phase, rows, bias, channels_first)
     return out
@@ -353,32 +354,40 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
     lead = grid.margin
     b_rows = grid.embed(b, lead, acc)
     rows = np.empty((grid.rows, plan.a_channels), dtype=acc)
-    if ch.depthwise:        # each output of a group as a [rows, G] array (b_rows if one)
-        outputs = [np.ascontiguousarray(b_rows[:, o::ch.og]) for o in range(ch.og)]
-        part = np.empty_like(rows) if ch.og > 1 else rows
     for phase, taps in grid.phases.items():
         sources = [(b_rows, lead - grid.taps[t][1]) for t in taps]
-        if ch.depthwise:    # a depthwise sum per output of a group (a channel multiplier)
-            for o, b_o in enumerate(outputs):
-                tap_sum(part if o else rows,
-                        groups([(b_o, off) for _, off in sources], [grid.ks[t] for t in taps],
-                               np.ascontiguousarray(w4[:, o, 0, taps].T)))
-                if o:
-                    np.add(rows, part, out=rows)
-        else:
-            n = len(taps)
-            # [G, n*Og, Cg]: this phase's taps stacked along the contraction
-            wcat = np.ascontiguousarray(w4[..., taps].transpose(0, 3, 1, 2)).reshape(
-                ch.g, n * ch.og, ch.cg)
-            row_bytes = n * plan.b_channels * acc.itemsize
+        n = len(taps)
+        # [G, n*Og, Cg]: this phase's taps stacked along the contraction
+        wcat = np.ascontiguousarray(w4[..., taps].transpose(0, 3, 1, 2)).reshape(
+            ch.g, n * ch.og, ch.cg)
+        row_bytes = n * plan.b_channels * acc.itemsize
 
-            def work(lo: int, hi: int, sources=sources, wcat=wcat, row_bytes=row_bytes) -> None:
-                own = _Channels(plan)
-                for j0, j1 in _blocks(lo, hi, row_bytes, of=grid.rows):
-                    np.matmul(own.gather(sources, j0, j1, acc), wcat,
-                              out=own.grouped(rows[j0:j1]))
+        def work(lo: int, hi: int, sources=sources, wcat=wcat, row_bytes=row_bytes) -> None:
+            own = _Channels(plan)
+            for j0, j1 in _blocks(lo, hi, row_bytes, of=grid.rows):
+                np.matmul(own.gather(sources, j0, j1, acc), wcat,
+                          out=own.grouped(rows[j0:j1]))
 
-            split_products(grid.rows, grid.fewest_taps * plan.b_channels, work)
+        split_products(grid.rows, grid.fewest_taps * plan.b_channels, work)
+        yield phase, rows
+
+
+def _phases_depthwise(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any,
+                      acc: np.dtype):
+    """backward_data per phase for one channel of ``a`` per group (depthwise, any channel
+    multiplier): ``(phase, [rows, G])``, one tap sum over every output of a group and tap of
+    the phase (:func:`~._depthwise.tap_sum`, by cache-sized blocks). Each output of a group
+    is read as a ``[rows, G]`` array of its own (``b``'s embedded rows themselves for one)."""
+    lead = grid.margin
+    b_rows = grid.embed(b, lead, acc)
+    outputs = [np.ascontiguousarray(b_rows[:, o::ch.og]) for o in range(ch.og)]
+    del b_rows                  # (with a multiplier, the copies stand in for it)
+    rows = np.empty((grid.rows, plan.a_channels), dtype=acc)
+    for phase, taps in grid.phases.items():
+        w_t = w4[:, :, 0, taps].transpose(1, 2, 0).reshape(-1, ch.g)       # [(Og, n), G]
+        tap_sum(rows, groups([(b_o, lead - grid.taps[t][1]) for b_o in outputs for t in taps],
+                             [grid.ks[t] for _ in outputs for t in taps],
+                             np.ascontiguousarray(w_t)))
         yield phase, rows
 
 
