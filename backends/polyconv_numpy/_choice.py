@@ -239,17 +239,18 @@ def _costs_of(primitive: str, plan: ConvPlan, dtype: str | None) -> dict[str, fl
         return _costs("forward", adjoint_phases(plan)[0].plan)
     z = _Sizes(plan)
     out = _costs_dense(primitive, plan, z)
-    if z.cg == 1 and z.g > 1 and primitive != "backward_data" and _in_place(plan):
+    if z.cg == 1 and z.g > 1:      # one channel of a per group: tap sums, no product
         dw = _depthwise(z)
-        out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
-    elif z.cg == 1 and z.g > 1 and primitive == "backward_data":
-        # a strided depthwise backward_data: the grid's tap sums per phase are the forward's
-        # loops (priced as products, they came out above the sub-pixel product, which per
-        # group is a [rows, L] x [L, S] product: CenterNet's DLA-34 up-sampling, a depthwise
-        # k4 s2 ConvTranspose of 64 channels from 8x64x64, 77 ms against 24 for the grid);
-        # the sub-pixel product is not offered
-        out["gather"] = _depthwise(z)["gather"]
-        out.pop("subpixel", None)
+        if primitive == "backward_data":
+            # one the windows above do not take (strided, or channels-first data): the grid's
+            # tap sums per phase are the forward's loops (priced as products, they came out
+            # above the sub-pixel product, which per group is a [rows, L] x [L, S] product:
+            # CenterNet's DLA-34 up-sampling, a depthwise k4 s2 ConvTranspose of 64 channels
+            # from 8x64x64, 77 ms against 24 for the grid); sub-pixel is not offered
+            out["gather"] = dw["gather"]
+            out.pop("subpixel", None)
+        elif _in_place(plan):
+            out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
     if primitive != "backward_data" and window_applies(plan, primitive):
         tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
         out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
