@@ -85,12 +85,15 @@ def test_the_plain_lowering_wins_a_close_call(measuring, monkeypatch, plain, cho
 
 
 def test_inexact_lowerings_are_never_candidates():
-    """k3 s2: the sub-pixel window holds zero taps, so measuring never considers it; k4 s2:
-    it does not, and it is measured."""
-    assert not any(n.startswith("subpixel") for n in _choice.candidates("backward_data",
-                                                                         _plan()))
+    """k3 s2: the sub-pixel window holds zero taps, so measuring never considers the
+    lowerings that form it; k4 s2: it does not, and they are measured."""
+    windowed = {"subpixel", "subpixel_matmul", "upsampled"}
+    assert not windowed & set(_choice.candidates("backward_data", _plan()))
     k4 = polyconv.infer_shape("ConvTranspose", (2, 6, 5, 8), (4, 4, 4, 8), **ATTRS)
-    assert "subpixel" in _choice.candidates("backward_data", k4.with_(dtype="float32"))
+    assert {"subpixel", "subpixel_matmul"} <= set(
+        _choice.candidates("backward_data", k4.with_(dtype="float32")))
+    dw = polyconv.infer_shape("ConvTranspose", (2, 6, 5, 8), (4, 4, 1, 8), groups=8, **ATTRS)
+    assert "upsampled" in _choice.candidates("backward_data", dw.with_(dtype="float32"))
 
 
 @pytest.mark.parametrize("groups", [2, 32, 33, 144])

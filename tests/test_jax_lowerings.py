@@ -394,6 +394,22 @@ def test_default_lowering_choice():
     assert choose(plan((8, 32, 32, 64), (3, 3, 1, 64), groups=64)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 2, 64), strides=2, groups=16)) == "elementwise"
     assert choose(plan((8, 32, 32, 64), (3, 3, 8, 64), strides=2, groups=8)) == "grouped"
+    # depthwise up-sampling whose phases fill one window (CenterNet's k4 s2 and k8 s4):
+    # upsampled for channels-first data, or more than 4 phases; elementwise otherwise, and
+    # wherever the window has zero taps (k3 s2) or a phase one tap (k2 s2, channels-first)
+    ncx = {"data_format": "NCX", "weights_format": "IOX", "groups": 64}
+    up = {"strides": 2, "pads_begin": 1, "pads_end": 1}
+    assert choose(plan((4, 64, 64, 64), (64, 1, 4, 4), **up, **ncx)) == "upsampled"
+    assert choose(plan((4, 64, 64, 64), (4, 4, 1, 64), **up, groups=64)) == "elementwise"
+    assert choose(plan((4, 64, 32, 32), (64, 1, 8, 8), strides=4, pads_begin=2, pads_end=2,
+                       **ncx)) == "upsampled"
+    assert choose(plan((4, 32, 32, 64), (8, 8, 1, 64), strides=4, pads_begin=2, pads_end=2,
+                       groups=64)) == "upsampled"
+    assert choose(plan((4, 32, 2000), (32, 1, 16), strides=8, pads_begin=4, pads_end=4,
+                       **{**ncx, "groups": 32})) == "upsampled"
+    assert choose(plan((4, 64, 64, 64), (64, 1, 3, 3), **up, output_padding=1,
+                       **ncx)) == "elementwise"
+    assert choose(plan((8, 64, 56, 56), (64, 1, 2, 2), strides=2, **ncx)) == "elementwise"
     assert choose(plan((2, 8, 8, 512), (3, 3, 1, 512), strides=2, groups=64)) == "phases_matmul"
     assert choose(plan((8, 32, 32, 64), (2, 2, 64, 64), strides=2)) == "phases_matmul"
     assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases_folded"
@@ -410,7 +426,7 @@ def test_default_lowering_choice():
         op, kernel, variant, groups, nd, fmt, wfmt, _ = p.values
         grid_plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
         choice = choose(grid_plan)
-        assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(grid_plan)
+        assert _backward_data.exact(grid_plan, choice)
         few_per_group = grid_plan.groups > 1 and grid_plan.b_channels // grid_plan.groups <= 4
         few = grid_plan.groups == 1 and grid_plan.b_channels <= 8 and (
             grid_plan.a_channels * grid_plan.b_channels <= 128)
@@ -419,7 +435,7 @@ def test_default_lowering_choice():
         grouped = stride_one and grid_plan.groups > 1
         expect = "sliced" if sliced else "grouped" if grouped else choice
         assert (choice, choice == "direct") == (expect, stride_one and expect == "direct")
-        assert (choice == "elementwise") == (few_per_group or few), grid_plan
+        assert (choice in ("elementwise", "upsampled")) == (few_per_group or few), grid_plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -858,8 +874,9 @@ def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
                           ((3, 3), (2, 2), 1)])
 def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides, groups):
     """A NaN or infinity in ``b`` poisons exactly the outputs that read it (no products with
-    zero taps), in every lowering -- except the sub-pixel ones when their window has zero
-    taps (not :func:`subpixel_is_exact`), which the default choice never uses."""
+    zero taps), in every lowering -- except those that form the phases' common window
+    (``subpixel``, ``subpixel_matmul``, ``upsampled``) when it has zero taps (not
+    :func:`subpixel_is_exact`), which the default choice never uses."""
     rng = np.random.default_rng(19)
     attrs = {"strides": strides, "pads_begin": (1, 0), "pads_end": (0, 1), "groups": groups,
              "data_format": "NCX", "weights_format": "IOX"}
@@ -879,13 +896,13 @@ def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides,
             y = np.asarray(polyconv.conv_transpose(jnp.asarray(poisoned), jnp.asarray(w),
                                                    **attrs))
         local = np.array_equal(~np.isfinite(y), hit)
-        if lowering.startswith("subpixel") and not _backward_data.subpixel_is_exact(plan):
+        if not _backward_data.exact(plan, lowering):
             assert not local   # the documented exception
         else:
             assert local, (lowering, value)
     choice = _backward_data.choose_backward_data(plan)
     assert choice != "direct"
-    assert not choice.startswith("subpixel") or _backward_data.subpixel_is_exact(plan)
+    assert _backward_data.exact(plan, choice)
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from ._backward_data import (
     applicable,
     choose_backward_data,
     direct_aborts_xla_cpu,
-    subpixel_is_exact,
+    exact,
 )
 from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
 from ._forward import (
@@ -223,8 +223,8 @@ def candidates(primitive: str, plan: ConvPlan, platform: str | None = None) -> l
     platform = platform or jax.default_backend()
     out = [name for name in LOWERINGS[primitive]
            if is_applicable(primitive, plan, name, platform)]
-    if primitive == "backward_data" and not subpixel_is_exact(plan):
-        out = [name for name in out if not name.startswith("subpixel")]
+    if primitive == "backward_data":
+        out = [name for name in out if exact(plan, name)]
     if platform == "cpu" and primitive == "backward_data" and (
             (plan.ndim >= 3 and any(s > 1 for s in plan.strides))
             or direct_aborts_xla_cpu(plan)):
