@@ -723,14 +723,18 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     # data; with the threshold at 0 it gathers them channel-minor, as for many channels
     # and multiplies channels-last patches as b's transpose times them (ratio 0) or as they
     # lie (ratio inf)
+    # and channels-first b on the left of the product (ratio 0) or on the right (inf)
     variants = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
-               _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO)]
-    if lowering == "patches_matmul" and fmt == "NXC":
-        variants += [(0, 0.0), (0, math.inf)]
+                 _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO,
+                 _backward_weights.PATCHES_LEFT_MIN_RATIO)]
+    if lowering == "patches_matmul":
+        variants += ([(0, 0.0, 1.0), (0, math.inf, 1.0)] if fmt == "NXC"
+                     else [(0, 1.0, 0.0), (0, 1.0, math.inf)])
         request.addfinalizer(jax.clear_caches)   # no program of the patched ones outlives it
-    for first, ratio in variants:
+    for first, ratio, left in variants:
         monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", first)
         monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
+        monkeypatch.setattr(_backward_weights, "PATCHES_LEFT_MIN_RATIO", left)
         if len(variants) > 1:
             jax.clear_caches()  # the constants are read when a program is traced
         with polyconv_jax.force_lowering(backward_weights=lowering):
@@ -740,25 +744,28 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
         assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
 
-@pytest.mark.parametrize(("lowering", "ratio"),
-                         [(name, math.inf) for name in BACKWARD_WEIGHTS_LOWERINGS]
-                         + [("patches_matmul", 0.0)])
+@pytest.mark.parametrize(("lowering", "ratio", "fmt"),
+                         [(name, math.inf, "NXC") for name in BACKWARD_WEIGHTS_LOWERINGS]
+                         + [("patches_matmul", 0.0, "NXC"), ("patches_matmul", 0.0, "NCX")])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_backward_weights_lowering_low_precision(lowering, ratio, dtype, monkeypatch, request):
+def test_backward_weights_lowering_low_precision(lowering, ratio, fmt, dtype, monkeypatch,
+                                                 request):
     from oracle import random_array
 
-    # patches_matmul's two products, channel-minor patches multiplied as they lie (ratio
-    # inf) and b's transpose times them (ratio 0); the other lowerings ignore both constants
+    # patches_matmul's three products, channel-minor patches multiplied as they lie (ratio
+    # inf) and b's transpose times them (ratio 0); channels-first b times the patches (NCX,
+    # ratio 0); the other lowerings ignore the constants
     monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", 0)
     monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
+    monkeypatch.setattr(_backward_weights, "PATCHES_LEFT_MIN_RATIO", ratio)
     jax.clear_caches()          # the constants are read when a program is traced
     request.addfinalizer(jax.clear_caches)
 
     rng = np.random.default_rng(17)
     groups = 4 if lowering == "depthwise" else 2
     attrs = {"strides": 2, "pads_begin": (1, 0), "pads_end": (0, 1), "output_padding": 1,
-             "groups": groups}
-    x = random_array(rng, (2, 5, 4, 4), dtype)                 # NXC, IC = 4
+             "groups": groups, "data_format": fmt}
+    x = random_array(rng, (2, 5, 4, 4) if fmt == "NXC" else (2, 4, 5, 4), dtype)   # IC = 4
     w_shape = (3, 3, 8 // groups, 4)                            # XOI: OC = 8
     dy_shape = polyconv.infer_shape("ConvTranspose", x.shape, w_shape, **attrs).shape
     dy = random_array(rng, dy_shape, dtype)
