@@ -303,6 +303,13 @@ def _forward_patches(plan: ConvPlan, precision, a, w):
     # first, which changes nothing (their products are exact in float32).
     if wm.dtype != plan.acc_dtype:
         wm, p = wm.astype(plan.acc_dtype), p.astype(plan.acc_dtype)
+    if plan.batch > 1 and jax.default_backend() == "cpu":
+        # one product per image, the weights broadcast along the batch: [N, Cb, B..] as it
+        # is laid out, where moving the batch axis is a copy of the output. wav2vec 2.0's
+        # 1->512 k10 s5 feature encoder on 2 x 16000 samples, 2 CPUs: 4.0 ms -> 1.5.
+        wb = jnp.broadcast_to(wm.T, (plan.batch, *wm.T.shape))       # [N, Cb, T*Ca]
+        return lax.dot_general(wb, p, (((2,), (1,)), ((0,), (0,))), precision=precision,
+                               preferred_element_type=plan.acc_dtype)
     y = lax.dot_general(wm, p, (((0,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=plan.acc_dtype)
     return jnp.moveaxis(y, 0, 1)
