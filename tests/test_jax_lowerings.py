@@ -723,18 +723,22 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     # data; with the threshold at 0 it gathers them channel-minor, as for many channels
     # and multiplies channels-last patches as b's transpose times them (ratio 0) or as they
     # lie (ratio inf)
-    # and channels-first b on the left of the product (ratio 0) or on the right (inf)
+    # and channels-first b on the left of the product (ratio 0) or on the right (inf), one
+    # image at a time (0 rows) or the batch contracted too (inf)
     variants = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
                  _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO,
-                 _backward_weights.PATCHES_LEFT_MIN_RATIO)]
+                 _backward_weights.PATCHES_LEFT_MIN_RATIO,
+                 _backward_weights.PATCHES_PER_IMAGE_MIN_ROWS)]
     if lowering == "patches_matmul":
-        variants += ([(0, 0.0, 1.0), (0, math.inf, 1.0)] if fmt == "NXC"
-                     else [(0, 1.0, 0.0), (0, 1.0, math.inf)])
+        variants += ([(0, 0.0, 1.0, math.inf), (0, math.inf, 1.0, math.inf)] if fmt == "NXC"
+                     else [(0, 1.0, 0.0, 0), (0, 1.0, math.inf, 0),
+                           (0, 1.0, 0.0, math.inf), (0, 1.0, math.inf, math.inf)])
         request.addfinalizer(jax.clear_caches)   # no program of the patched ones outlives it
-    for first, ratio, left in variants:
+    for first, ratio, left, per_image in variants:
         monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", first)
         monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
         monkeypatch.setattr(_backward_weights, "PATCHES_LEFT_MIN_RATIO", left)
+        monkeypatch.setattr(_backward_weights, "PATCHES_PER_IMAGE_MIN_ROWS", per_image)
         if len(variants) > 1:
             jax.clear_caches()  # the constants are read when a program is traced
         with polyconv_jax.force_lowering(backward_weights=lowering):
@@ -753,11 +757,12 @@ def test_backward_weights_lowering_low_precision(lowering, ratio, fmt, dtype, mo
     from oracle import random_array
 
     # patches_matmul's three products, channel-minor patches multiplied as they lie (ratio
-    # inf) and b's transpose times them (ratio 0); channels-first b times the patches (NCX,
-    # ratio 0); the other lowerings ignore the constants
+    # inf) and b's transpose times them (ratio 0); channels-first b times the patches, one
+    # image at a time (NCX, ratio 0); the other lowerings ignore the constants
     monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", 0)
     monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
     monkeypatch.setattr(_backward_weights, "PATCHES_LEFT_MIN_RATIO", ratio)
+    monkeypatch.setattr(_backward_weights, "PATCHES_PER_IMAGE_MIN_ROWS", ratio)
     jax.clear_caches()          # the constants are read when a program is traced
     request.addfinalizer(jax.clear_caches)
 
