@@ -97,19 +97,28 @@ def test_inexact_lowerings_are_never_candidates():
 
 
 @pytest.mark.parametrize("groups", [2, 32, 33, 144])
-def test_per_group_lowerings_are_candidates_up_to_their_bound(groups):
+@pytest.mark.parametrize("per_group", [1, 2])
+def test_per_group_lowerings_are_candidates_up_to_their_bound(groups, per_group):
     """``grouped`` holds one problem per group, and XLA's compile time grows with their count
     (144 groups: minutes), so it is neither measured nor chosen past its bound; every other
-    candidate still is."""
+    candidate still is. The weight gradient of groups of at least 2 channels on both sides
+    takes them in blocks there, at most that many (:func:`group_block`)."""
+    from polyconv_jax._backward_weights import group_block
     from polyconv_jax._forward import GROUPED_MAX_GROUPS
 
-    channels = 2 * groups
-    plan = polyconv.infer_shape("Convolution", (2, 9, 9, channels), (3, 3, 2, channels),
-                                strides=2, pads_begin=1, pads_end=1, groups=groups)
+    channels = per_group * groups
+    plan = polyconv.infer_shape("Convolution", (2, 9, 9, channels),
+                                (3, 3, per_group, channels), strides=2, pads_begin=1,
+                                pads_end=1, groups=groups)
     for primitive in ("forward", "backward_data", "backward_weights"):
         names = _choice.candidates(primitive, plan, platform="cpu")
-        assert ("grouped" in names) == (groups <= GROUPED_MAX_GROUPS), (primitive, names)
+        blocks = primitive == "backward_weights" and per_group == 2
+        assert ("grouped" in names) == (groups <= GROUPED_MAX_GROUPS or blocks), (
+            primitive, names)
         assert _choice.policy(primitive, plan, platform="cpu") in names
+    block = group_block(plan)
+    assert groups % block == 0 and groups // block <= GROUPED_MAX_GROUPS
+    assert block == (1 if groups <= GROUPED_MAX_GROUPS else 3 if groups == 33 else 6)
 
 
 @pytest.mark.parametrize(("spatial", "strides", "measured"), [
@@ -484,9 +493,13 @@ def test_grouped_weight_gradients_measure_no_batch_grouped_convolution_on_cpu():
         assert names and set(names) <= {"depthwise", "grouped"}
         assert "direct" in _choice.candidates("backward_weights", plan, "gpu")
         assert "direct" in _choice.candidates("forward", plan, "cpu")
-    # 40 groups (past grouped's 32) of 16 channels (past depthwise's 8): the plain lowering
+    # 40 groups (past grouped's 32) of 16 channels (past depthwise's 8): grouped in blocks
     wide = _conv_plan((3, 3), 1, groups=40, src=(2, 9, 9, 640), oc=640)
-    assert "direct" in _choice.candidates("backward_weights", wide, "cpu")
+    assert set(_choice.candidates("backward_weights", wide, "cpu")) == {"grouped"}
+    # ... of 1 input and 16 output channels (a multiplier past depthwise's 8, and too few
+    # channels for blocks): the plain lowering
+    narrow = _conv_plan((3, 3), 1, groups=40, src=(2, 9, 9, 40), oc=640)
+    assert "direct" in _choice.candidates("backward_weights", narrow, "cpu")
     assert "direct" in _choice.candidates("backward_weights", _conv_plan((3, 3), 1), "cpu")
 
 

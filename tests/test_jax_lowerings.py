@@ -5,6 +5,7 @@ Helpers shared with tests/test_jax.py come from it."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import zlib
@@ -828,6 +829,40 @@ def test_depthwise_weights_in_blocks_of_positions_match_the_oracle(spatial, chan
     assert blocked == (spatial != (13, 11))
     assert not blocked or positions % _backward_weights.DEPTHWISE_BLOCK == 0
     _check_weights_lowering("depthwise", rng, x, plan, w_shape, attrs, dtype)
+
+
+@pytest.mark.parametrize(("nd", "fmt", "wfmt"), [(1, "NCX", "OIX"), (2, "NXC", "XIO"),
+                                                (2, "NCX", "IOX"), (3, "NXC", "XOI")])
+@pytest.mark.parametrize(("bound", "groups", "per_group"), [(1, 4, (2, 3)), (2, 4, (3, 2)),
+                                                             (2, 6, (2, 2))])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_weights_in_blocks_of_groups_match_the_oracle(nd, fmt, wfmt, bound, groups,
+                                                              per_group, dtype, monkeypatch,
+                                                              request):
+    """Past the per-group bound (patched down to 1 and 2 groups here) the ``grouped`` weight
+    gradient takes its groups in blocks (one ungrouped weight gradient per block, the
+    products across groups dropped): the oracle's values, with a stride, a dilation and
+    asymmetric pads, every layout."""
+    from oracle import random_array
+    from polyconv_jax._backward_weights import group_block
+
+    monkeypatch.setattr(_forward, "GROUPED_MAX_GROUPS", bound)
+    jax.clear_caches()          # the bound is read when a program is traced
+    request.addfinalizer(jax.clear_caches)
+    rng = np.random.default_rng(29)
+    ca, cb = groups * per_group[0], groups * per_group[1]
+    attrs = {"strides": (2, 1, 2)[:nd], "dilations": (1, 2, 1)[:nd], "pads_begin": 1,
+             "pads_end": (0, 2, 1)[:nd], "groups": groups, "data_format": fmt,
+             "weights_format": wfmt}
+    spatial = (7, 6, 5)[:nd]
+    x = random_array(rng, (2, *spatial, ca) if fmt == "NXC" else (2, ca, *spatial), dtype)
+    sizes = {"O": (cb,), "I": (per_group[0],), "X": (3, 2, 2)[:nd]}
+    w_shape = tuple(itertools.chain.from_iterable(sizes[c] for c in wfmt))
+    plan = polyconv.infer_shape("Convolution", x.shape, w_shape, **attrs)
+    assert _choice.is_applicable("backward_weights", plan.with_(primitive="backward_weights"),
+                                 "grouped")
+    assert group_block(plan) == -(-groups // bound) > 1     # blocks of several groups
+    _check_weights_lowering("grouped", rng, x, plan, w_shape, attrs, dtype)
 
 
 @pytest.mark.parametrize(("fmt", "strides", "positions", "max_pieces", "chunks"), [

@@ -55,13 +55,19 @@ from ._backward_data import (
     direct_aborts_xla_cpu,
     exact,
 )
-from ._backward_weights import BACKWARD_WEIGHTS, choose_backward_weights, weights_applicable
+from ._backward_weights import (
+    BACKWARD_WEIGHTS,
+    choose_backward_weights,
+    group_block,
+    weights_applicable,
+)
 from ._forward import (
     FORWARD,
     choose_forward,
     few_per_group,
     forward_applicable,
     patches_abort_xla_gpu,
+    splits_by_group,
 )
 from ._taps import measured as taps_measured
 
@@ -269,7 +275,9 @@ def gpu_policy(primitive: str, plan: ConvPlan) -> str:
     (:func:`~polyconv_jax._forward.patches_abort_xla_gpu`), takes the plain lowering."""
     if narrow_groups(plan):
         name = "grouped" if primitive == "backward_weights" else "elementwise"
-        if is_applicable(primitive, plan, name, "gpu"):
+        # (per group, as measured: not in blocks of groups)
+        if is_applicable(primitive, plan, name, "gpu") and (
+                name != "grouped" or splits_by_group(plan)):
             return name
     name = GPU_PREFERRED[primitive]
     # not applicable: grouped plans (each preferred lowering is for ungrouped ones only) and
@@ -338,18 +346,39 @@ def by_group(primitive: str, plan: ConvPlan, precision, x, y):
     ..)`` of ``W``). The inner problem's lowering is chosen as the ``G`` copies the program
     holds (:func:`choose`'s ``repeats``). XLA CPU's grouped convolutions
     (``feature_group_count``, ``batch_group_count``) cost about as much as ungrouped ones of
-    the same width; ``G`` separate ones cost ``1/G`` each."""
+    the same width; ``G`` separate ones cost ``1/G`` each.
+
+    A weight gradient of more groups than :data:`~polyconv_jax._forward.GROUPED_MAX_GROUPS`
+    takes them in blocks (:func:`~polyconv_jax._backward_weights.group_block`): one
+    ungrouped weight gradient per block of ``k`` groups, whose products across two groups
+    are computed and dropped (``k`` times the products, each entry kept still the sum of
+    exactly its own)."""
     g = plan.groups
-    ca, cb = plan.a_channels // g, plan.b_channels // g
+    per = group_block(plan) if primitive == "backward_weights" else 1
+    parts_count = g // per
+    ca, cb = plan.a_channels // parts_count, plan.b_channels // parts_count
     sub = plan.with_(groups=1, a_channels=ca, b_channels=cb)
-    inner = IMPLEMENTATIONS[primitive][choose(primitive, sub, precision, repeats=g)]
+    inner = IMPLEMENTATIONS[primitive][choose(primitive, sub, precision, repeats=parts_count)]
     c, o = plan.channel_axis, plan.weights_perm[0]
     x_size, y_size, y_axis, joined = {"forward": (ca, cb, o, c), "backward_data": (cb, cb, o, c),
                                       "backward_weights": (ca, cb, c, o)}[primitive]
     parts = [inner(sub, precision, lax.slice_in_dim(x, i * x_size, (i + 1) * x_size, axis=c),
                    lax.slice_in_dim(y, i * y_size, (i + 1) * y_size, axis=y_axis))
-             for i in range(g)]
+             for i in range(parts_count)]
+    if per > 1:
+        parts = [_block_diagonal(sub, part, per) for part in parts]
     return jnp.concatenate(parts, axis=joined)
+
+
+def _block_diagonal(sub: ConvPlan, w, per: int):
+    """The weights of each of the ``per`` groups of a block, from the block's ungrouped
+    weight gradient ``w`` (``sub``'s layout): ``[Cb, Ca/per, K..]`` canonical, in that
+    layout."""
+    wc = jnp.transpose(w, sub.weights_perm)                         # [Cb, Ca, K..]
+    cb, ca = sub.b_channels // per, sub.a_channels // per
+    wc = wc.reshape((per, cb, per, ca, *sub.kernel))
+    wc = jnp.stack([wc[i, :, i] for i in range(per)]).reshape((per * cb, ca, *sub.kernel))
+    return jnp.transpose(wc, sub.weights_inverse_perm)
 
 
 # --------------------------------------------------------------------------------------------
