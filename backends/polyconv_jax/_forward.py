@@ -424,7 +424,8 @@ PATCHES_MAX_GROWTH = 32
 #: the per-group lowerings (``grouped``: one ungrouped problem per group) apply up to this many
 #: groups. Their programs hold a problem per group, and XLA compiles them in time that grows
 #: with the count: a depthwise weight gradient of 144 groups took 145 s to compile (and ran
-#: 12x slower than ``depthwise``), so beyond this they are neither chosen nor measured.
+#: 12x slower than ``depthwise``), so beyond this they are neither chosen nor measured (the
+#: weight gradient takes groups in blocks there: ``_backward_weights.group_block``).
 GROUPED_MAX_GROUPS = 32
 
 
