@@ -395,9 +395,7 @@ BACKWARD_DATA = {"direct": _direct, "phases": _by_phase, "phases_matmul": _phase
 
 def applicable(plan: ConvPlan, lowering: str) -> bool:
     """Whether ``lowering`` can compute ``plan``'s backward_data."""
-    if lowering == "elementwise":
-        return plan.b_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
-    if lowering == "upsampled":
+    if lowering in ("elementwise", "upsampled"):
         return plan.b_channels // plan.groups <= ELEMENTWISE_MAX_CHANNELS
     if lowering == "grouped":
         return splits_by_group(plan)
