@@ -721,11 +721,10 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     _assert_same_geometry(plan, wplan, "backward_weights")
     ref = reference(weights_op, *inputs, weights_shape=w_shape, **attrs)
     # the im2col lowering gathers the grid's few channels channels-first from channels-last
-    # data; with the threshold at 0 it gathers them channel-minor, as for many channels
+    # data; with the threshold at 0 it gathers them channel-minor, as for many channels,
     # and multiplies channels-last patches as b's transpose times them (ratio 0) or as they
-    # lie (ratio inf)
-    # and channels-first b on the left of the product (ratio 0) or on the right (inf), one
-    # image at a time (0 rows) or the batch contracted too (inf)
+    # lie (ratio inf); channels-first b goes on the left of the product (ratio 0) or on the
+    # right (inf), one image at a time (0 rows) or with the batch contracted too (inf)
     variants = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
                  _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO,
                  _backward_weights.PATCHES_LEFT_MIN_RATIO,
