@@ -20,6 +20,10 @@ one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
   phase by phase of ``a``): blocks of output lines, each one einsum over the tap windows
   of a cache-sized, zero-padded copy of the input lines it reads (no phase split, no padded
   copy of the whole input): good for 3x3 depthwise layers.
+* ``planes`` (:mod:`._planes`, depthwise on channels-first data, every primitive): each
+  ``(n, c)`` plane convolved in place, tap by tap, one multiply and one add per tap over
+  contiguous runs of a block of planes: no change of layout, which on channels-first
+  depthwise layers costs the other strategies more than their sums.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -44,7 +48,7 @@ import numpy as np
 from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
-from . import _choice, _exact, _fast, _overlap, _subpixel, _window
+from . import _choice, _exact, _fast, _overlap, _planes, _subpixel, _window
 from ._choice import autotune, choose, costs, measured_choices, strategy
 
 __all__ = ["BACKEND", "NumpyBackend", "autotune", "choose", "costs", "measured_choices",
@@ -122,20 +126,23 @@ class NumpyBackend:
 
 _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
     "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
-                "exact": _exact.forward, "window": _window.forward},
+                "exact": _exact.forward, "window": _window.forward, "planes": _planes.forward},
     "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
                       "exact": _exact.backward_data, "window": _window.backward_data,
-                      "subpixel": _subpixel.backward_data},
+                      "subpixel": _subpixel.backward_data, "planes": _planes.backward_data},
     "backward_weights": {"gather": _fast.backward_weights,
                          "gather_b": _fast.backward_weights_gather_b,
                          "exact": _exact.backward_weights,
-                         "window": _window.backward_weights},
+                         "window": _window.backward_weights,
+                         "planes": _planes.backward_weights},
 }
 
 
 def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
-    """``window`` or ``subpixel`` forced where it does not apply computes with ``gather``."""
-    if name == "window" and not _window.applies(plan, primitive):
+    """``window``, ``planes`` or ``subpixel`` forced where it does not apply computes with
+    ``gather``."""
+    if ((name == "window" and not _window.applies(plan, primitive))
+            or (name == "planes" and not _planes.applies(plan))):
         return "gather"
     return "gather" if name == "subpixel" and not _subpixel.applies(plan) else name
 

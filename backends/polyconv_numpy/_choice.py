@@ -18,7 +18,9 @@ backward_weights    gather ``a``'s taps against ``b``            ``gather_b``: p
 window as one product into every phase, then depth to space; forced on another plan it takes
 ``gather``. ``window`` (:mod:`._window`) computes the depthwise forward on channels-last
 data by blocks of output lines over zero-padded copies of the input lines they read; forced
-on another plan it takes ``gather``. ``exact`` (per tap, in-range windows only) computes
+on another plan it takes ``gather``. ``planes`` (:mod:`._planes`) computes every primitive of
+a depthwise plan on channels-first data plane by plane, in place; forced on another plan it
+takes ``gather``. ``exact`` (per tap, in-range windows only) computes
 every primitive too; non-finite inputs take it unless the chosen strategy is ``overlap``,
 which adds in-range products only and so propagates NaN and Inf exactly as well. The cost
 model also offers it for one channel per group (depthwise) in forward and backward_weights,
@@ -55,15 +57,16 @@ from polyconv._measure import Switch, geometry, pick, time_candidates
 from polyconv._phases import adjoint_phases, phases
 
 from ._overlap import plan_blocks
+from ._planes import applies as planes_applies
 from ._subpixel import applies as subpixel_applies
 from ._window import applies as window_applies
 
 ENV = "POLYCONV_NUMPY_STRATEGY"
 
 STRATEGIES: dict[str, tuple[str, ...]] = {
-    "forward": ("gather", "overlap", "exact", "window"),
-    "backward_data": ("gather", "overlap", "exact", "window", "subpixel"),
-    "backward_weights": ("gather", "gather_b", "exact", "window"),
+    "forward": ("gather", "overlap", "exact", "window", "planes"),
+    "backward_data": ("gather", "overlap", "exact", "window", "subpixel", "planes"),
+    "backward_weights": ("gather", "gather_b", "exact", "window", "planes"),
 }
 
 _FORCED: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
@@ -247,13 +250,16 @@ def _costs_of(primitive: str, plan: ConvPlan, dtype: str | None) -> dict[str, fl
             # above the sub-pixel product, which per group is a [rows, L] x [L, S] product:
             # CenterNet's DLA-34 up-sampling, a depthwise k4 s2 ConvTranspose of 64 channels
             # from 8x64x64, 77 ms against 24 for the grid); sub-pixel is not offered
-            out["gather"] = dw["gather"]
+            # (plus, for channels-first data, the grid's change of layout of a and b)
+            out["gather"] = dw["gather"] + z.item * (z.ma * z.ca + z.mb * z.cb) * z.layout
             out.pop("subpixel", None)
         elif _in_place(plan):
             out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
     if primitive != "backward_data" and window_applies(plan, primitive):
         tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
         out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
+    if planes_applies(plan):
+        out["planes"] = z.item * (z.mb * z.t * z.cb * PLANES_TAP_S + z.ma * z.ca * PLANES_MOVE_S)
     return out
 
 
@@ -384,6 +390,17 @@ DW_EXACT_RUN_S = 2.87e-9
 WINDOW_TAP_S = 0.06e-9
 WINDOW_GRAD_TAP_S = 0.1e-9
 WINDOW_COPY_S = 0.34e-9
+
+
+#: depthwise on channels-first data by planes (:mod:`._planes`), per element: each tap's
+#: multiply-add (or the weight gradient's dot) per value of ``b``, on all CPUs; and the phase
+#: split or interleave per value of ``a``. Fitted on CenterNet's k4 s2 and k8 s4 layers and a
+#: Conformer's 1-D k31 (every primitive; 2-CPU AMD EPYC): within 1.5x of their 6-25 ms. The
+#: grid's estimate is further off on channels-first depthwise layers (its einsums over
+#: channels-last copies: 2x faster than estimated on the Conformer's k31, 1.8x slower on
+#: CenterNet's), so the two are left to the measurement wherever they are near
+PLANES_TAP_S = 0.55e-9
+PLANES_MOVE_S = 0.4e-9
 
 
 def _depthwise(z: _Sizes) -> dict[str, float]:
