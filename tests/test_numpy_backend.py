@@ -34,6 +34,9 @@ FORCED = {
     "subpixel": "subpixel",
     # depthwise channels-first plans; elsewhere gather
     "planes": "planes",
+    # windows that do not overlap (kernel = stride, no dilation or padding before); elsewhere
+    # gather
+    "patches": "patches",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -279,7 +282,7 @@ NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
 @pytest.mark.parametrize("name", ["default", "gather", "overlap", "window", "subpixel",
-                                  "planes"])
+                                  "planes", "patches"])
 def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
     # the exact path's result is the reference: padded positions add no term, so an inf in
     # the weights poisons only the outputs whose in-range sum meets it (the grid would give
@@ -345,7 +348,7 @@ def test_nonfinite_input_takes_the_exact_path(op):
 
 
 @pytest.mark.parametrize("strategy", ["default", "measured", "gather", "overlap", "window",
-                                      "subpixel", "planes"])
+                                      "subpixel", "planes", "patches"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
 def test_peak_memory_at_most_twice_inputs_and_output(monkeypatch, case, strategy):
@@ -840,3 +843,77 @@ def test_depthwise_planes_choice():
     for plan in (last, dense, multiplier):
         assert not _planes.applies(plan)
         assert "planes" not in polyconv_numpy.costs("forward", plan)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize(("spatial", "kernel"), [
+    ((12, 8), (4, 2)),          # windows tile a exactly
+    ((13, 9), (4, 2)),          # the last positions of each axis in no window
+    ((10,), (5,)),
+    ((4, 6, 7), (2, 3, 2)),
+    ((5, 7), (1, 1)),           # a 1x1 kernel: the windows are a itself, no copy
+])
+@pytest.mark.parametrize("weights_format", ["OIX", "XIO"])
+def test_patches_match_the_oracle(dtype, layout, spatial, kernel, weights_format):
+    # every primitive of the non-overlapping windows, from both ends: a patch embedding and its
+    # two backward ops, and a ConvTranspose of the same geometry (its backward_data the
+    # forward primitive) with its two; with a bias, which also reaches the positions in no
+    # window of the ConvTranspose's output (output_padding)
+    ic, oc, batch = 3, 4, 2
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((batch, ic, *spatial) if layout == "NCX"
+                            else (batch, *spatial, ic)).astype(numpy_dtype(dtype))
+    w = rng.standard_normal((oc, ic, *kernel) if weights_format == "OIX"
+                            else (*kernel, ic, oc)).astype(numpy_dtype(dtype))
+    bias = rng.standard_normal(oc).astype(numpy_dtype(dtype))
+    attrs = dict(strides=kernel, data_format=layout, weights_format=weights_format)
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
+    from polyconv_numpy import _patches
+
+    assert _patches.applies(plan)
+    g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
+    # the ConvTranspose from b back to a's shape: its weights are the same numbers read
+    # [IC, OC/G, K..] (IOX) or [K.., OC, IC] (XOI), and its bias is per channel of a
+    t_attrs = dict(attrs, weights_format="IOX" if weights_format == "OIX" else "XOI")
+    t_bias = rng.standard_normal(ic).astype(numpy_dtype(dtype))
+    pad = tuple(a - b * k for a, b, k in zip(spatial, plan.b_spatial, kernel))
+    t_attrs_op = dict(t_attrs, output_padding=pad)
+    with polyconv_numpy.strategy("patches"):
+        got = [polyconv.convolution(x, w, bias, **attrs),
+               polyconv.convolution_backward_data(g, w, x.shape, **attrs),
+               polyconv.convolution_backward_weights(x, g, w.shape, **attrs),
+               polyconv.conv_transpose(g, w, t_bias, **t_attrs_op),
+               polyconv.conv_transpose_backward_data(x, w, **t_attrs),
+               polyconv.conv_transpose_backward_weights(g, x, w.shape, **t_attrs_op)]
+    refs = [reference("convolution", x, w, bias, **attrs),
+            reference("convolution_backward_data", g, w, dst_shape=x.shape, **attrs),
+            reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs),
+            reference("conv_transpose", g, w, t_bias, **t_attrs_op),
+            reference("conv_transpose_backward_data", x, w, **t_attrs),
+            reference("conv_transpose_backward_weights", g, x, weights_shape=w.shape,
+                      **t_attrs_op)]
+    for y, ref in zip(got, refs):
+        assert y.shape == ref.y.shape and y.dtype == x.dtype
+        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+
+
+def test_patches_choice():
+    # ViT-B/16's patch embedding and a U-Net's 2x2 stride-2 up-convolution: every primitive by
+    # the windows' one product (the grid splits a into 256 phases for the embedding); padding
+    # before, a dilation or an overlap (kernel > stride) never takes it
+    vit = polyconv.infer_shape("convolution", (4, 224, 224, 3), (16, 16, 3, 768), strides=16,
+                               weights_format="XIO")
+    unet = polyconv.infer_shape("conv_transpose", (1, 128, 128, 128), (128, 64, 2, 2),
+                                strides=2, data_format="NCX", weights_format="IOX")
+    with polyconv_numpy.autotune(False):
+        for plan in (vit, unet):
+            for primitive in ("forward", "backward_data", "backward_weights"):
+                assert polyconv_numpy.choose(primitive, plan) == "patches"
+    from polyconv_numpy import _patches
+
+    for attrs in (dict(strides=2, pads_begin=1), dict(strides=2, dilations=2),
+                  dict(strides=1)):
+        plan = polyconv.infer_shape("convolution", (1, 9, 9, 3), (2, 2, 3, 4),
+                                    weights_format="XIO", **attrs)
+        assert not _patches.applies(plan)

@@ -24,6 +24,11 @@ one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
   ``(n, c)`` plane convolved in place, tap by tap, one multiply and one add per tap over
   contiguous runs of a block of planes: no change of layout, which on channels-first
   depthwise layers costs the other strategies more than their sums.
+* ``patches`` (:mod:`._patches`, kernel = stride with no dilation and no padding before, every
+  primitive): the windows do not overlap, so they are a reshape of ``a``; one copy puts them
+  in the product's order and one matrix product computes the primitive (a ViT patch
+  embedding, a U-Net's 2x2 stride-2 up-convolution). No padding enters it: non-finite inputs
+  keep it, as they keep ``overlap``.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -48,7 +53,7 @@ import numpy as np
 from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
-from . import _choice, _exact, _fast, _overlap, _planes, _subpixel, _window
+from . import _choice, _exact, _fast, _overlap, _patches, _planes, _subpixel, _window
 from ._choice import autotune, choose, costs, measured_choices, strategy
 
 __all__ = ["BACKEND", "NumpyBackend", "autotune", "choose", "costs", "measured_choices",
@@ -106,13 +111,15 @@ class NumpyBackend:
             if not self.fast or not plan.batch:
                 return impls["exact"](plan, *args)
             name, names = _choice.plan_choice(primitive, plan)
-            if (names or name not in ("exact", "overlap")) and not _finite(*checked):
+            name = _applicable(name, primitive, plan)
+            if (names or name not in _EXACT_ON_NONFINITE) and not _finite(*checked):
                 return impls["exact"](plan, *args)
             if names:
                 name = _choice.measure(primitive, plan, {
                     n: functools.partial(_timed, impls[_applicable(n, primitive, plan)],
                                          plan, args) for n in names})
-            return impls[_applicable(name, primitive, plan)](plan, *args)
+                name = _applicable(name, primitive, plan)
+            return impls[name](plan, *args)
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
         return self._call("forward", plan, (a, w, bias), w)
@@ -126,23 +133,32 @@ class NumpyBackend:
 
 _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
     "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
-                "exact": _exact.forward, "window": _window.forward, "planes": _planes.forward},
+                "exact": _exact.forward, "window": _window.forward, "planes": _planes.forward,
+                "patches": _patches.forward},
     "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
                       "exact": _exact.backward_data, "window": _window.backward_data,
-                      "subpixel": _subpixel.backward_data, "planes": _planes.backward_data},
+                      "subpixel": _subpixel.backward_data, "planes": _planes.backward_data,
+                      "patches": _patches.backward_data},
     "backward_weights": {"gather": _fast.backward_weights,
                          "gather_b": _fast.backward_weights_gather_b,
                          "exact": _exact.backward_weights,
                          "window": _window.backward_weights,
-                         "planes": _planes.backward_weights},
+                         "planes": _planes.backward_weights,
+                         "patches": _patches.backward_weights},
 }
 
 
+#: strategies whose sums hold only the definition's terms (no padding zeros meet a weight), so
+#: NaN and Inf propagate through them as through the exact path: non-finite inputs keep them
+_EXACT_ON_NONFINITE = ("exact", "overlap", "patches")
+
+
 def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
-    """``window``, ``planes`` or ``subpixel`` forced where it does not apply computes with
-    ``gather``."""
+    """``window``, ``planes``, ``patches`` or ``subpixel`` forced where it does not apply
+    computes with ``gather``."""
     if ((name == "window" and not _window.applies(plan, primitive))
-            or (name == "planes" and not _planes.applies(plan))):
+            or (name == "planes" and not _planes.applies(plan))
+            or (name == "patches" and not _patches.applies(plan))):
         return "gather"
     return "gather" if name == "subpixel" and not _subpixel.applies(plan) else name
 

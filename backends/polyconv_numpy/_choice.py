@@ -18,11 +18,13 @@ backward_weights    gather ``a``'s taps against ``b``            ``gather_b``: p
 window as one product into every phase, then depth to space; forced on another plan it takes
 ``gather``. ``window`` (:mod:`._window`) computes the depthwise forward on channels-last
 data by blocks of output lines over zero-padded copies of the input lines they read; forced
-on another plan it takes ``gather``. ``planes`` (:mod:`._planes`) computes every primitive of
-a depthwise plan on channels-first data plane by plane, in place; forced on another plan it
-takes ``gather``. ``exact`` (per tap, in-range windows only) computes
-every primitive too; non-finite inputs take it unless the chosen strategy is ``overlap``,
-which adds in-range products only and so propagates NaN and Inf exactly as well. The cost
+on another plan it takes ``gather``. ``patches`` (:mod:`._patches`) computes every primitive
+of a plan whose windows do not overlap (kernel = stride, no dilation, no padding before) as one
+copy and one product, and ``planes`` (:mod:`._planes`) every primitive of a depthwise plan on
+channels-first data plane by plane, in place; forced on another plan either takes
+``gather``. ``exact`` (per tap, in-range windows only) computes
+every primitive too; non-finite inputs take it unless the chosen strategy is ``overlap`` or
+``patches``, which add in-range products only and so propagate NaN and Inf exactly as well. The cost
 model also offers it for one channel per group (depthwise) in forward and backward_weights,
 where it reads the data in place: there is no product to speak of, and it skips the grid's
 copy of ``a`` into phases. The grid's per-tap sums over contiguous blocks usually win (up to
@@ -57,6 +59,7 @@ from polyconv._measure import Switch, geometry, pick, time_candidates
 from polyconv._phases import adjoint_phases, phases
 
 from ._overlap import plan_blocks
+from ._patches import applies as patches_applies
 from ._planes import applies as planes_applies
 from ._subpixel import applies as subpixel_applies
 from ._window import applies as window_applies
@@ -64,9 +67,9 @@ from ._window import applies as window_applies
 ENV = "POLYCONV_NUMPY_STRATEGY"
 
 STRATEGIES: dict[str, tuple[str, ...]] = {
-    "forward": ("gather", "overlap", "exact", "window", "planes"),
-    "backward_data": ("gather", "overlap", "exact", "window", "subpixel", "planes"),
-    "backward_weights": ("gather", "gather_b", "exact", "window", "planes"),
+    "forward": ("gather", "overlap", "exact", "window", "planes", "patches"),
+    "backward_data": ("gather", "overlap", "exact", "window", "subpixel", "planes", "patches"),
+    "backward_weights": ("gather", "gather_b", "exact", "window", "planes", "patches"),
 }
 
 _FORCED: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
@@ -260,7 +263,24 @@ def _costs_of(primitive: str, plan: ConvPlan, dtype: str | None) -> dict[str, fl
         out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
     if planes_applies(plan):
         out["planes"] = z.item * (z.mb * z.t * z.cb * PLANES_TAP_S + z.ma * z.ca * PLANES_MOVE_S)
+    if patches_applies(plan):
+        out["patches"] = _patches(primitive, plan, z)
     return out
+
+
+def _patches(primitive: str, plan: ConvPlan, z: _Sizes) -> float:
+    """Non-overlapping windows (:mod:`._patches`): one copy of the windows (``B*T*Ca``
+    values; channels-last in runs of a window's line, channels-first with a strided side)
+    and one product, ``[N*B, T*Ca] x [T*Ca, Cb]`` (its transpose for backward_data, its
+    long-contraction form for the weight gradient)."""
+    values = z.mb * z.t * z.ca
+    run = plan.kernel[-1] * z.ca if plan.channels_last else 1
+    copy = z.item * (_copy(values, run) + z.mb * z.cb * FILL_S)
+    if primitive == "backward_weights":
+        return copy + _gemm_long(z.t * z.ca, z.mb, z.cb)
+    if primitive == "backward_data":
+        return copy + _gemm(z.mb, z.cb, z.t * z.ca)
+    return copy + _gemm(z.mb, z.t * z.ca, z.cb)
 
 
 def _costs_dense(primitive: str, plan: ConvPlan, z: _Sizes) -> dict[str, float]:
