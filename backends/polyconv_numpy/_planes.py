@@ -205,6 +205,70 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
     return _backward_data_phases(plan, b, w, bias)
 
 
+class _Periodic:
+    """The geometry of :func:`_backward_data_periodic`: the buffer (``b`` zero-padded, its
+    last axis repeated ``s`` times, laid out in lines), and per phase of ``a`` on the outer
+    axes its positions, lines and terms (a run's offset and its weights along a line)."""
+
+    def __init__(self, plan: ConvPlan, w: Any, acc: np.dtype):
+        ph = phases(plan)
+        *self.outer, self.last = ph.axes
+        s, channels = self.last.stride, plan.a_channels
+        self.lo = tuple(ax.max_shift for ax in ph.axes)
+        self.padded = tuple(m + max(ax.small, ax.cells) for m, ax in zip(self.lo, ph.axes))
+        self.extent = (*self.padded[:-1], s * self.padded[-1])    # the last axis repeated
+        self.line = line = self.extent[-1]
+        self.line_strides = _strides(self.extent[:-1])            # outer axes, in lines
+        # the weights are tiled over ``tile`` lines, so that each multiply's inner loop runs
+        # over about TILE_VALUES values rather than one line (numpy's loop over a line costs
+        # as much as its arithmetic; CenterNet's k4 s2: 132-value lines), within a bound
+        terms = math.prod(ax.kernel for ax in self.outer) * (self.last.max_shift + 1)
+        table = max(math.prod(plan.a_spatial) * plan.batch * channels // 4, _TABLE_MIN_VALUES)
+        self.tile = 1 if s == 1 else max(1, min(-(-TILE_VALUES // line),
+                                                table // max(terms * channels * line, 1)))
+        # spare lines: the dropped positions of a plane's last lines read past it
+        self.plane = math.prod(self.extent) + self.tile * line
+        self.inside = tuple(slice(m, m + ax.small) for m, ax in zip(self.lo[:-1], self.outer))
+        self.by_shift: list[list[int | None]] = [[None] * s
+                                                 for _ in range(self.last.max_shift + 1)]
+        for k in range(self.last.kernel):
+            self.by_shift[self.last.shift[k]][self.last.phase[k]] = k
+        wc = canonical_weights(w, plan, acc)[:, 0]                # [C, K..]
+        self.jobs = []
+        for r in itertools.product(*(range(ax.stride) for ax in self.outer)):
+            wins = [ax.phase_window(ri) for ax, ri in zip(self.outer, r)]
+            if any(win is None for win in wins):
+                continue
+            counts = tuple(win.count for win in wins)
+            lines = sum((c - 1) * st for c, st in zip(counts, self.line_strides)) + 1
+            # the sums are laid out as the buffer's lines (counts[0] on the first axis); a
+            # job computes the first ``lines`` of them, which hold its positions
+            layout = (counts[0], *self.extent[1:-1]) if self.outer else ()
+            self.jobs.append((tuple(win.positions for win in wins),
+                              -(-lines // self.tile) * self.tile, layout,
+                              tuple(slice(0, c) for c in counts), self._terms(wins, r, wc)))
+        self.size = max(max(math.prod(lay), n) for _, n, lay, _, _ in self.jobs) * line
+
+    def _terms(self, wins, r, wc: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Per outer tap of phase ``r`` and shift along the last axis: the run's offset in the
+        buffer and, per channel, the weight at each position of ``tile`` lines."""
+        last, s, line = self.last, self.last.stride, self.line
+        phase_x = (np.arange(line if s > 1 else 1) + last.pad) % s
+        zero = np.zeros(wc.shape[0], wc.dtype)
+        terms = []
+        for ko in itertools.product(*(ax.taps[ri] for ax, ri in zip(self.outer, r))):
+            first = sum((win.start - ax.shift[k] + m) * st for win, ax, k, m, st
+                        in zip(wins, self.outer, ko, self.lo, self.line_strides))
+            for m, taps in enumerate(self.by_shift):
+                if all(k is None for k in taps):
+                    continue
+                row = np.stack([zero if k is None else wc[(slice(None), *ko, k)]
+                                for k in taps], axis=-1)[:, phase_x]
+                terms.append((first * line + last.pad + (self.lo[-1] - m) * s,
+                              np.tile(row, (1, self.tile))))
+        return terms
+
+
 def _backward_data_periodic(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
     """Phase by phase of ``a`` on every axis but the last; along the last, every position at
     once from ``b`` repeated ``s`` times, with weights periodic along it.
@@ -219,95 +283,44 @@ def _backward_data_periodic(plan: ConvPlan, b: Any, w: Any, bias: Any = None) ->
     out_dtype, acc = dtypes(b, plan)
     src = _planes(b, plan.b_spatial)
     planes, channels = src.shape[0], plan.a_channels
-    ph = phases(plan)
-    *outer, last = ph.axes
-    s = last.stride
-    lo = tuple(ax.max_shift for ax in ph.axes)
-    padded = tuple(m + max(ax.small, ax.cells) for m, ax in zip(lo, ph.axes))
-    extent = (*padded[:-1], s * padded[-1])            # the last axis repeated s times
-    line = extent[-1]
-    line_strides = _strides(extent[:-1])                # of the outer axes, in lines
-    # the weights are tiled over ``tile`` lines, so that each multiply's inner loop runs over
-    # about TILE_VALUES values rather than one line (numpy's loop over a line costs as much
-    # as its arithmetic; CenterNet's k4 s2: 132-value lines), within a memory bound
-    terms_max = math.prod(ax.kernel for ax in outer) * (last.max_shift + 1)
-    table = max(math.prod(plan.a_spatial) * planes // 4, _TABLE_MIN_VALUES)
-    tile = 1 if s == 1 else max(1, min(-(-TILE_VALUES // line),
-                                       table // max(terms_max * channels * line, 1)))
-    # spare lines: the dropped positions of a plane's last lines read past it
-    plane = math.prod(extent) + tile * line
-    inside = tuple(slice(m, m + ax.small) for m, ax in zip(lo[:-1], outer))
-    by_shift: list[list[int | None]] = [[None] * s for _ in range(last.max_shift + 1)]
-    for k in range(last.kernel):
-        by_shift[last.shift[k]][last.phase[k]] = k
-    wc = canonical_weights(w, plan, acc)[:, 0]          # [C, K..]
-    phase_x = (np.arange(line if s > 1 else 1) + last.pad) % s
+    geo = _Periodic(plan, w, acc)
+    s, line, tile, extent = geo.last.stride, geo.line, geo.tile, geo.extent
+    bx = slice(geo.lo[-1], geo.lo[-1] + geo.last.small)
     bp = _bias(plan, bias, acc)
-    jobs = []
-    for r in itertools.product(*(range(ax.stride) for ax in outer)):
-        wins = [ax.phase_window(ri) for ax, ri in zip(outer, r)]
-        if any(win is None for win in wins):
-            continue
-        counts = tuple(win.count for win in wins)
-        lines = sum((c - 1) * st for c, st in zip(counts, line_strides)) + 1
-        lines = -(-lines // tile) * tile
-        terms = []
-        for ko in itertools.product(*(ax.taps[ri] for ax, ri in zip(outer, r))):
-            first = sum((win.start - ax.shift[k] + m) * st for win, ax, k, m, st
-                        in zip(wins, outer, ko, lo, line_strides))
-            for m, taps in enumerate(by_shift):
-                if all(k is None for k in taps):
-                    continue
-                # per channel, the weight at each position of a line (every position: s == 1)
-                row = np.stack([np.zeros(channels, acc) if k is None else wc[(slice(None), *ko, k)]
-                                for k in taps], axis=-1)[:, phase_x]
-                terms.append((first * line + last.pad + (lo[-1] - m) * s,
-                              np.tile(row, (1, tile))))
-        layout = (counts[0], *extent[1:-1]) if outer else ()
-        crop = tuple(slice(0, c) for c in counts)
-        jobs.append((tuple(win.positions for win in wins), lines, layout, crop, terms))
-    # the sums are laid out as the buffer's lines (counts[0] on the first axis): a job
-    # computes its first ``lines`` of them, the ones its positions lie on
     a = np.empty((plan.batch, plan.a_channels, *plan.a_spatial), dtype=out_dtype)
     dst = a.reshape(planes, *plan.a_spatial)
-    size = max(max(math.prod(layout), lines) for _, lines, layout, _, _ in jobs) * line
-    block = _block(plane + 2 * size, acc.itemsize)
+    block = _block(geo.plane + 2 * geo.size, acc.itemsize)
 
-    def work(lo_plane: int, hi: int) -> None:
-        n0 = min(block, hi - lo_plane)
-        buf = np.zeros((n0, plane), dtype=acc)
-        shaped = buf[:, : math.prod(extent)].reshape(n0, *extent)
-        repeated = shaped.reshape(n0, *extent[:-1], padded[-1], s)   # [.., bx, copy]
-        out, tmp = np.empty((n0, size), dtype=acc), np.empty((n0, size), dtype=acc)
-        p0 = lo_plane
+    def work(lo: int, hi: int) -> None:
+        n0 = min(block, hi - lo)
+        buf = np.zeros((n0, geo.plane), dtype=acc)
+        repeated = buf[:, : math.prod(extent)].reshape(n0, *extent[:-1], geo.padded[-1], s)
+        out, tmp = np.empty((n0, geo.size), dtype=acc), np.empty((n0, geo.size), dtype=acc)
+        p0 = lo
         while p0 < hi:
             # a block within one image: its planes are channels c0 .. c0+n
             c0 = p0 % channels
             n = min(block, hi - p0, channels - c0)
-            rows = src[p0: p0 + n]
             for copy in range(s):
-                repeated[(slice(0, n), *inside, slice(lo[-1], lo[-1] + last.small), copy)] = rows
-            for positions, lines, layout, crop, terms in jobs:
-                laid = out[:n, : math.prod(layout) * line]
+                repeated[(slice(0, n), *geo.inside, bx, copy)] = src[p0: p0 + n]
+            for positions, lines, layout, crop, terms in geo.jobs:
                 o = out[:n, : lines * line].reshape(n, -1, tile * line)
                 t = tmp[:n, : lines * line].reshape(n, -1, tile * line)
                 if not terms:
                     o[...] = 0
                 for i, (off, row) in enumerate(terms):
                     run = buf[:n, off: off + lines * line].reshape(n, -1, tile * line)
-                    wr = row[c0: c0 + n, None, :]
-                    if i == 0:
-                        np.multiply(run, wr, out=o)
-                    else:
-                        np.multiply(run, wr, out=t)
+                    np.multiply(run, row[c0: c0 + n, None, :], out=t if i else o)
+                    if i:
                         o += t
                 if bp is not None:
                     o += bp[p0: p0 + n, None, None]
-                full = laid.reshape(n, *layout, line)[(slice(None), *crop, slice(0, last.size))]
-                dst[(slice(p0, p0 + n), *positions, slice(None))] = full
+                laid = out[:n, : math.prod(layout) * line].reshape(n, *layout, line)
+                dst[(slice(p0, p0 + n), *positions, slice(None))] = laid[
+                    (slice(None), *crop, slice(0, geo.last.size))]
             p0 += n
 
-    values = sum(max(len(terms), 1) * lines * line for _, lines, _, _, terms in jobs)
+    values = sum(max(len(terms), 1) * lines * line for _, lines, _, _, terms in geo.jobs)
     _split(planes, block, values * planes, work)
     return a
 
