@@ -37,6 +37,9 @@ FORCED = {
     # windows that do not overlap (kernel = stride, no dilation or padding before); elsewhere
     # gather
     "patches": "patches",
+    # blocks of s positions as rows (forward and backward_weights, ungrouped and undilated);
+    # elsewhere gather
+    "space_to_depth": "space_to_depth",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -166,9 +169,12 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
         for prim in ("forward", "backward_data", "backward_weights"):
             costs = polyconv_numpy.costs(prim, plan)
             # ungrouped weight gradients also weigh the exact path's per-tap products, and
-            # backward_data the sub-pixel product where its phases fill one window (k4 s2)
+            # backward_data the sub-pixel product where its phases fill one window (k4 s2);
+            # forward and the weight gradient the blocks of s positions where a block holds
+            # 64 values or more (the wide layer's 2x2x16)
             extra = prim == "backward_weights" or (prim == "backward_data" and plan is narrow)
-            assert len(costs) == 2 + extra
+            blocks = prim != "backward_data" and plan is wide
+            assert len(costs) == 2 + extra + blocks
             assert all(c > 0 for c in costs.values())
 
 
@@ -282,7 +288,7 @@ NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
 @pytest.mark.parametrize("name", ["default", "gather", "overlap", "window", "subpixel",
-                                  "planes", "patches"])
+                                  "planes", "patches", "space_to_depth"])
 def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
     # the exact path's result is the reference: padded positions add no term, so an inf in
     # the weights poisons only the outputs whose in-range sum meets it (the grid would give
@@ -348,7 +354,7 @@ def test_nonfinite_input_takes_the_exact_path(op):
 
 
 @pytest.mark.parametrize("strategy", ["default", "measured", "gather", "overlap", "window",
-                                      "subpixel", "planes", "patches"])
+                                      "subpixel", "planes", "patches", "space_to_depth"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
 def test_peak_memory_at_most_twice_inputs_and_output(monkeypatch, case, strategy):
@@ -917,3 +923,51 @@ def test_patches_choice():
         plan = polyconv.infer_shape("convolution", (1, 9, 9, 3), (2, 2, 3, 4),
                                     weights_format="XIO", **attrs)
         assert not _patches.applies(plan)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize(("spatial", "kernel", "attrs"), [
+    ((33, 20), (16, 8), dict(strides=(8, 4), pads_begin=(4, 2), pads_end=(4, 2))),
+    ((17, 15), (3, 3), dict(strides=2, pads_begin=1, pads_end=0)),     # k not a multiple of s
+    ((12, 11), (3, 3), dict(strides=1, pads_begin=(2, 0), pads_end=(0, 2))),
+    ((23,), (10,), dict(strides=5, pads_begin=3, pads_end=0)),          # a tail no window reads
+    ((7, 8, 9), (3, 2, 4), dict(strides=(2, 1, 3), pads_begin=(1, 0, 2), pads_end=1)),
+    ((9, 9), (2, 2), dict(strides=3)),                                  # kernel < stride
+])
+def test_space_to_depth_matches_the_oracle(dtype, layout, spatial, kernel, attrs):
+    # forward and weight gradient from blocks of s positions: windows of ceil(K/s) blocks per
+    # axis, zero taps past the kernel, pads on either side, images one after another on the
+    # blocks' rows; with a bias, both layouts, 16-bit accumulated in float32
+    ic, oc, batch = 3, 5, 2
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((batch, ic, *spatial) if layout == "NCX"
+                            else (batch, *spatial, ic)).astype(numpy_dtype(dtype))
+    w = rng.standard_normal((oc, ic, *kernel)).astype(numpy_dtype(dtype))
+    bias = rng.standard_normal(oc).astype(numpy_dtype(dtype))
+    attrs = dict(attrs, data_format=layout, weights_format="OIX")
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
+    g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
+    with polyconv_numpy.strategy("space_to_depth"):
+        got = [polyconv.convolution(x, w, bias, **attrs),
+               polyconv.convolution_backward_weights(x, g, w.shape, **attrs)]
+    refs = [reference("convolution", x, w, bias, **attrs),
+            reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs)]
+    for y, ref in zip(got, refs):
+        assert y.shape == ref.y.shape and y.dtype == x.dtype
+        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+
+
+def test_space_to_depth_choice():
+    # FCN-8s's 16x16 stride-8 up-sampling: its gradient's forward and weight gradient as four
+    # products over blocks of 8x8x21 values; a stem's blocks of 2x2x3 values never
+    fcn = polyconv.infer_shape("conv_transpose", (1, 21, 64, 64), (21, 21, 16, 16), strides=8,
+                               pads_begin=4, pads_end=4, data_format="NCX",
+                               weights_format="IOX")
+    stem = polyconv.infer_shape("convolution", (4, 224, 224, 3), (7, 7, 3, 64), strides=2,
+                                pads_begin=3, pads_end=3, weights_format="XIO")
+    with polyconv_numpy.autotune(False):
+        for primitive in ("forward", "backward_weights"):
+            assert polyconv_numpy.choose(primitive, fcn) == "space_to_depth"
+            assert "space_to_depth" not in polyconv_numpy.costs(primitive, stem)
+    assert "space_to_depth" not in polyconv_numpy.costs("backward_data", fcn)

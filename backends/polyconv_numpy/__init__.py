@@ -29,6 +29,11 @@ one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
   in the product's order and one matrix product computes the primitive (a ViT patch
   embedding, a U-Net's 2x2 stride-2 up-convolution). No padding enters it: non-finite inputs
   keep it, as they keep ``overlap``.
+* ``space_to_depth`` (:mod:`._space_to_depth`, ungrouped and undilated; forward and
+  backward_weights): ``a`` cut into blocks of ``s`` positions per axis, each block one row of
+  ``s^nd * Ca`` values, and the convolution a sum of ``ceil(K/s)^nd`` products over shifted,
+  contiguous ranges of those rows: deep contractions and no tap-by-tap gather (FCN-8s's 16x16
+  stride-8 kernel).
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -53,8 +58,19 @@ import numpy as np
 from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
-from . import _choice, _exact, _fast, _overlap, _patches, _planes, _subpixel, _window
-from ._choice import autotune, choose, costs, measured_choices, strategy
+from . import (
+    _choice,
+    _exact,
+    _fast,
+    _overlap,
+    _patches,
+    _planes,
+    _space_to_depth,
+    _subpixel,
+    _window,
+)
+from ._choice import autotune, choose, measured_choices, strategy
+from ._costs import costs
 
 __all__ = ["BACKEND", "NumpyBackend", "autotune", "choose", "costs", "measured_choices",
            "strategy"]
@@ -104,7 +120,8 @@ class NumpyBackend:
         warnings are silenced. The forward and backward_data check only ``w``: the grid adds
         only ``0 * w`` terms (padding, cropped rows), which a finite ``w`` keeps exact; the
         weight gradient checks both, where zero rows of ``b`` meet values of ``a`` and padding
-        zeros meet values of ``b``."""
+        zeros meet values of ``b``; a forward that may run ``space_to_depth`` checks ``a``
+        too, whose taps past the kernel are zeros that meet the data."""
         _malloc.tune()
         impls = _IMPLEMENTATIONS[primitive]
         with np.errstate(invalid="ignore"):
@@ -112,6 +129,8 @@ class NumpyBackend:
                 return impls["exact"](plan, *args)
             name, names = _choice.plan_choice(primitive, plan)
             name = _applicable(name, primitive, plan)
+            if primitive == "forward" and "space_to_depth" in (name, *names):
+                checked = (*checked, args[0])      # its zero taps meet the data as well
             if (names or name not in _EXACT_ON_NONFINITE) and not _finite(*checked):
                 return impls["exact"](plan, *args)
             if names:
@@ -134,7 +153,7 @@ class NumpyBackend:
 _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
     "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
                 "exact": _exact.forward, "window": _window.forward, "planes": _planes.forward,
-                "patches": _patches.forward},
+                "patches": _patches.forward, "space_to_depth": _space_to_depth.forward},
     "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
                       "exact": _exact.backward_data, "window": _window.backward_data,
                       "subpixel": _subpixel.backward_data, "planes": _planes.backward_data,
@@ -144,7 +163,8 @@ _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
                          "exact": _exact.backward_weights,
                          "window": _window.backward_weights,
                          "planes": _planes.backward_weights,
-                         "patches": _patches.backward_weights},
+                         "patches": _patches.backward_weights,
+                         "space_to_depth": _space_to_depth.backward_weights},
 }
 
 
@@ -154,11 +174,12 @@ _EXACT_ON_NONFINITE = ("exact", "overlap", "patches")
 
 
 def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
-    """``window``, ``planes``, ``patches`` or ``subpixel`` forced where it does not apply
-    computes with ``gather``."""
+    """``window``, ``planes``, ``patches``, ``space_to_depth`` or ``subpixel`` forced where it
+    does not apply computes with ``gather``."""
     if ((name == "window" and not _window.applies(plan, primitive))
             or (name == "planes" and not _planes.applies(plan))
-            or (name == "patches" and not _patches.applies(plan))):
+            or (name == "patches" and not _patches.applies(plan))
+            or (name == "space_to_depth" and not _space_to_depth.applies(plan, primitive))):
         return "gather"
     return "gather" if name == "subpixel" and not _subpixel.applies(plan) else name
 
