@@ -905,13 +905,13 @@ def test_patches_match_the_oracle(dtype, layout, spatial, kernel, weights_format
 
 
 def test_patches_choice():
-    # ViT-B/16's patch embedding and a U-Net's 2x2 stride-2 up-convolution: every primitive by
-    # the windows' one product (the grid splits a into 256 phases for the embedding); padding
-    # before, a dilation or an overlap (kernel > stride) never takes it
+    # ViT-B/16's patch embedding and nnU-Net's 3-D 2x2x2 stride-2 up-convolution: every
+    # primitive by the windows' one product (the grid splits a into 256 phases for the
+    # embedding); padding before, a dilation or an overlap (kernel > stride) never takes it
     vit = polyconv.infer_shape("convolution", (4, 224, 224, 3), (16, 16, 3, 768), strides=16,
                                weights_format="XIO")
-    unet = polyconv.infer_shape("conv_transpose", (1, 128, 128, 128), (128, 64, 2, 2),
-                                strides=2, data_format="NCX", weights_format="IOX")
+    unet = polyconv.infer_shape("conv_transpose", (1, 16, 20, 24, 128), (2, 2, 2, 64, 128),
+                                strides=2, weights_format="XOI")
     with polyconv_numpy.autotune(False):
         for plan in (vit, unet):
             for primitive in ("forward", "backward_data", "backward_weights"):
