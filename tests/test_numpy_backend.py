@@ -808,20 +808,30 @@ def test_depthwise_planes_match_the_oracle(dtype, spatial, kernel, attrs, split,
     assert _planes.applies(plan)
     g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
     transposed = dict(attrs, weights_format="IOX")     # the same [C, 1, K..] numbers
-    with polyconv_numpy.strategy("planes"):
+    _six_ops_within_bound("planes", dtype, x, w, g, bias, attrs, bias,
+                          (dict(transposed, output_shape=x.shape), transposed, transposed))
+
+
+def _six_ops_within_bound(spec, dtype, x, w, g, bias, attrs, t_bias, t_attrs):
+    """Under the forced strategies ``spec``: the convolution of ``x`` (``attrs``) and its two
+    backward ops, and the ConvTranspose of ``g`` with the same weights back to ``x``'s shape
+    and its two backward ops (``t_attrs``: its keywords for itself, its weight gradient and
+    its input gradient), each against the float64 oracle."""
+    t_op, t_weights, t_data = t_attrs
+    with polyconv_numpy.strategy(spec):
         got = [polyconv.convolution(x, w, bias, **attrs),
                polyconv.convolution_backward_data(g, w, x.shape, **attrs),
                polyconv.convolution_backward_weights(x, g, w.shape, **attrs),
-               polyconv.conv_transpose(g, w, bias, output_shape=x.shape, **transposed),
-               polyconv.conv_transpose_backward_data(x, w, **transposed),
-               polyconv.conv_transpose_backward_weights(g, x, w.shape, **transposed)]
+               polyconv.conv_transpose(g, w, t_bias, **t_op),
+               polyconv.conv_transpose_backward_data(x, w, **t_data),
+               polyconv.conv_transpose_backward_weights(g, x, w.shape, **t_weights)]
     refs = [reference("convolution", x, w, bias, **attrs),
             reference("convolution_backward_data", g, w, dst_shape=x.shape, **attrs),
             reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs),
-            reference("conv_transpose", g, w, bias, output_shape=x.shape, **transposed),
-            reference("conv_transpose_backward_data", x, w, **transposed),
+            reference("conv_transpose", g, w, t_bias, **t_op),
+            reference("conv_transpose_backward_data", x, w, **t_data),
             reference("conv_transpose_backward_weights", g, x, weights_shape=w.shape,
-                      **transposed)]
+                      **t_weights)]
     for y, ref in zip(got, refs):
         assert y.shape == ref.y.shape and y.dtype == x.dtype
         assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
@@ -885,23 +895,8 @@ def test_patches_match_the_oracle(dtype, layout, spatial, kernel, weights_format
     t_bias = rng.standard_normal(ic).astype(numpy_dtype(dtype))
     pad = tuple(a - b * k for a, b, k in zip(spatial, plan.b_spatial, kernel))
     t_attrs_op = dict(t_attrs, output_padding=pad)
-    with polyconv_numpy.strategy("patches"):
-        got = [polyconv.convolution(x, w, bias, **attrs),
-               polyconv.convolution_backward_data(g, w, x.shape, **attrs),
-               polyconv.convolution_backward_weights(x, g, w.shape, **attrs),
-               polyconv.conv_transpose(g, w, t_bias, **t_attrs_op),
-               polyconv.conv_transpose_backward_data(x, w, **t_attrs),
-               polyconv.conv_transpose_backward_weights(g, x, w.shape, **t_attrs_op)]
-    refs = [reference("convolution", x, w, bias, **attrs),
-            reference("convolution_backward_data", g, w, dst_shape=x.shape, **attrs),
-            reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs),
-            reference("conv_transpose", g, w, t_bias, **t_attrs_op),
-            reference("conv_transpose_backward_data", x, w, **t_attrs),
-            reference("conv_transpose_backward_weights", g, x, weights_shape=w.shape,
-                      **t_attrs_op)]
-    for y, ref in zip(got, refs):
-        assert y.shape == ref.y.shape and y.dtype == x.dtype
-        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+    _six_ops_within_bound("patches", dtype, x, w, g, bias, attrs, t_bias,
+                          (t_attrs_op, t_attrs_op, t_attrs))
 
 
 def test_patches_choice():
