@@ -51,10 +51,9 @@ from ._common import canonical_weights, dtypes, split_rows
 #: thousands of values contend for it (CenterNet's k4 s2 on 2 CPUs: 36 ms in 256 KB blocks,
 #: 20 in 512 KB, 7.3 in 2 MB, 6.0 in 4 MB; 10.7 on one thread)
 _BLOCK_BYTES = 1 << 22
-#: values per inner loop of a multiply by a line of weights (backward_data), and the values
-#: its tables of weights may hold at least (else a quarter of the output's)
+#: values per inner loop of a multiply by a line of weights (backward_data's periodic form),
+#: whose tables of weights hold at most a quarter of the output's values
 TILE_VALUES = 2048
-_TABLE_MIN_VALUES = 1 << 18
 #: values (planes x taps x positions) from which a call is split over threads
 SPLIT_MIN_VALUES = 1 << 20
 #: backward_data with a last axis strided this much or more sums whole lines of it, with
@@ -223,7 +222,7 @@ class _Periodic:
         # over about TILE_VALUES values rather than one line (numpy's loop over a line costs
         # as much as its arithmetic; CenterNet's k4 s2: 132-value lines), within a bound
         terms = math.prod(ax.kernel for ax in self.outer) * (self.last.max_shift + 1)
-        table = max(math.prod(plan.a_spatial) * plan.batch * channels // 4, _TABLE_MIN_VALUES)
+        table = math.prod(plan.a_spatial) * plan.batch * channels // 4
         self.tile = 1 if s == 1 else max(1, min(-(-TILE_VALUES // line),
                                                 table // max(terms * channels * line, 1)))
         # spare lines: the dropped positions of a plane's last lines read past it
