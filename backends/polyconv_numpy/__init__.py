@@ -129,8 +129,8 @@ class NumpyBackend:
                 return impls["exact"](plan, *args)
             name, names = _choice.plan_choice(primitive, plan)
             name = _applicable(name, primitive, plan)
-            if primitive == "forward" and "space_to_depth" in (name, *names):
-                checked = (*checked, args[0])      # its zero taps meet the data as well
+            if primitive == "forward" and not _ZERO_TAPS_MEET_DATA.isdisjoint((name, *names)):
+                checked = (*checked, args[0])
             if (names or name not in _EXACT_ON_NONFINITE) and not _finite(*checked):
                 return impls["exact"](plan, *args)
             if names:
@@ -171,17 +171,22 @@ _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
 #: strategies whose sums hold only the definition's terms (no padding zeros meet a weight), so
 #: NaN and Inf propagate through them as through the exact path: non-finite inputs keep them
 _EXACT_ON_NONFINITE = ("exact", "overlap", "patches")
+#: strategies whose zero taps past the kernel meet the data in forward: a forward that may run
+#: one checks the data's finiteness as well as the weights'
+_ZERO_TAPS_MEET_DATA = frozenset({"space_to_depth"})
+
+#: the strategies that apply to some plans only (``applies(plan, primitive)``)
+_APPLIES: dict[str, Callable[[ConvPlan, str], bool]] = {
+    "window": _window.applies, "planes": _planes.applies, "patches": _patches.applies,
+    "space_to_depth": _space_to_depth.applies,
+    "subpixel": lambda plan, primitive: _subpixel.applies(plan)}
 
 
 def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
-    """``window``, ``planes``, ``patches``, ``space_to_depth`` or ``subpixel`` forced where it
-    does not apply computes with ``gather``."""
-    if ((name == "window" and not _window.applies(plan, primitive))
-            or (name == "planes" and not _planes.applies(plan))
-            or (name == "patches" and not _patches.applies(plan))
-            or (name == "space_to_depth" and not _space_to_depth.applies(plan, primitive))):
-        return "gather"
-    return "gather" if name == "subpixel" and not _subpixel.applies(plan) else name
+    """A strategy of :data:`_APPLIES` forced where it does not apply computes with
+    ``gather``."""
+    applies = _APPLIES.get(name)
+    return "gather" if applies is not None and not applies(plan, primitive) else name
 
 
 def _timed(fn: Callable[..., Any], plan: ConvPlan, args: tuple) -> float:

@@ -121,6 +121,12 @@ def add_bias(acc: np.ndarray, bias: Any) -> None:
         acc += np.asarray(bias).astype(acc.dtype, copy=False)
 
 
+def row_strides(extent: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in values, of an array of shape ``extent``: a multi-index's offset
+    into it flattened is its dot product with these."""
+    return tuple(math.prod(extent[i + 1:]) for i in range(len(extent)))
+
+
 def canonical_weights(w: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
     """The user's weights as canonical ``[Cb, Ca/G, K..]`` in the accumulation dtype."""
     return np.transpose(np.asarray(w), plan.weights_perm).astype(acc)

@@ -16,6 +16,7 @@ from polyconv._phases import adjoint_phases, phases
 from ._overlap import plan_blocks
 from ._patches import applies as patches_applies
 from ._planes import applies as planes_applies
+from ._space_to_depth import Blocks
 from ._space_to_depth import applies as space_to_depth_applies
 from ._subpixel import applies as subpixel_applies
 from ._window import applies as window_applies
@@ -161,13 +162,11 @@ def _space_to_depth(primitive: str, plan: ConvPlan, z: _Sizes) -> float:
     strided side), then ``ceil(K/s)^nd`` products ``[rows, s^nd*Ca] x [s^nd*Ca, Cb]`` over
     the blocks' rows, each added into ``b`` (the weight gradient: their long-contraction
     form)."""
-    m = [-(-k // s) for k, s in zip(plan.kernel, plan.strides)]
-    rows = plan.batch * math.prod(b + mi - 1 for b, mi in zip(plan.b_spatial, m))
-    depth = z.ca * math.prod(plan.strides)
+    geo = Blocks(plan)
+    rows, depth, products = plan.batch * geo.per_image, geo.depth, len(geo.offsets)
     values = rows * depth
     run = plan.strides[-1] * z.ca if plan.channels_last else 1
     cost = z.item * (values * FILL_S + _copy(values, run) + rows * z.cb * FILL_S)
-    products = math.prod(m)
     if primitive == "backward_weights":
         return SPACE_TO_DEPTH_FACTOR * (cost + products * _gemm_long(depth, rows, z.cb))
     return SPACE_TO_DEPTH_FACTOR * (

@@ -37,6 +37,7 @@ from ._common import (
     channels_last_view,
     copy_channels_first,
     dtypes,
+    row_strides,
     split_products,
     to_user_layout,
     weights_matrix,
@@ -66,10 +67,10 @@ class _Grid:
         self.ph = ph = phases(plan)
         self.p = tuple(max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes)
         self.rows = plan.batch * math.prod(self.p)
-        row_strides = [math.prod(self.p[i + 1:]) for i in range(plan.ndim)]
+        strides = row_strides(self.p)
         #: (phase, row offset) per tap, taps in kernel row-major order
         self.taps: list[tuple[tuple[int, ...], int]] = [
-            (tap.phase, sum(q * st for q, st in zip(tap.shift, row_strides)))
+            (tap.phase, sum(q * st for q, st in zip(tap.shift, strides)))
             for tap in ph.taps]
         self.ks = [tap.k for tap in ph.taps]     #: each tap's kernel index
         self.margin = max(off for _, off in self.taps)

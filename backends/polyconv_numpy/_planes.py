@@ -44,7 +44,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
-from ._common import canonical_weights, dtypes, split_rows
+from ._common import canonical_weights, dtypes, row_strides, split_rows
 
 #: bytes of one block's buffers (phases or padded ``b``, sums, scratch). Large: numpy's calls
 #: release the GIL for one call's loop only, and two threads on calls of a few tens of
@@ -76,9 +76,14 @@ def _planes(x: Any, spatial: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1, *spatial)
 
 
-def _strides(extent: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides, in values, of a buffer of ``extent``."""
-    return tuple(math.prod(extent[i + 1:]) for i in range(len(extent)))
+def _sum_of_products(out: np.ndarray, tmp: np.ndarray, terms) -> None:
+    """``out = sum(run * weight for run, weight in terms)``, each product written into
+    ``out`` (the first) or the scratch ``tmp`` and added (numpy has no fused multiply-add);
+    the weights broadcast against the runs."""
+    for i, (run, weight) in enumerate(terms):
+        np.multiply(run, weight, out=tmp if i else out)
+        if i:
+            out += tmp
 
 
 class _Runs:
@@ -87,7 +92,7 @@ class _Runs:
     tap ``t`` reads the run from ``offsets[t]``, ``length`` values."""
 
     def __init__(self, counts: tuple[int, ...], extent: tuple[int, ...]):
-        self.counts, self.extent, self.strides = counts, extent, _strides(extent)
+        self.counts, self.extent, self.strides = counts, extent, row_strides(extent)
         self.layout = (counts[0], *extent[1:])
         self.size = math.prod(self.layout)
         self.length = sum((c - 1) * s for c, s in zip(counts, self.strides)) + 1
@@ -104,14 +109,9 @@ class _Runs:
              out: np.ndarray, tmp: np.ndarray) -> None:
         """``out[:, :length] = sum_t sources[t][:, offsets[t]:][:, :length] * weights[t][:, None]``
         (``sources``: flattened ``[n, ...]`` buffers; ``weights``: ``[T, n]``)."""
-        o, scratch = out[:, : self.length], tmp[:, : self.length]
-        for i, (src, off) in enumerate(zip(sources, offsets)):
-            run = src[:, off: off + self.length]
-            if i == 0:
-                np.multiply(run, weights[i][:, None], out=o)
-            else:
-                np.multiply(run, weights[i][:, None], out=scratch)
-                o += scratch
+        _sum_of_products(out[:, : self.length], tmp[:, : self.length],
+                         ((src[:, off: off + self.length], wt[:, None])
+                          for src, off, wt in zip(sources, offsets, weights)))
 
 
 def _block(plane_values: int, itemsize: int) -> int:
@@ -134,9 +134,8 @@ class _Phases:
         self.extent = tuple(ax.small + ax.max_shift for ax in ph.axes)
         self.runs = _Runs(plan.b_spatial, self.extent)
         self.used = sorted({tap.phase for tap in ph.taps})
-        self.index = {r: i for i, r in enumerate(self.used)}
         # per tap: its phase's buffer and the offset of its run
-        self.tap_phase = [self.index[tap.phase] for tap in ph.taps]
+        self.tap_phase = [self.used.index(tap.phase) for tap in ph.taps]
         self.tap_offset = [self.runs.offset(tap.shift) for tap in ph.taps]
         self.fills = [ph.phase_window(r, self.extent) for r in self.used]
         self.values = len(self.used) * math.prod(self.extent)
@@ -217,7 +216,7 @@ class _Periodic:
         self.padded = tuple(m + max(ax.small, ax.cells) for m, ax in zip(self.lo, ph.axes))
         self.extent = (*self.padded[:-1], s * self.padded[-1])    # the last axis repeated
         self.line = line = self.extent[-1]
-        self.line_strides = _strides(self.extent[:-1])            # outer axes, in lines
+        self.line_strides = row_strides(self.extent[:-1])        # outer axes, in lines
         # the weights are tiled over ``tile`` lines, so that each multiply's inner loop runs
         # over about TILE_VALUES values rather than one line (numpy's loop over a line costs
         # as much as its arithmetic; CenterNet's k4 s2: 132-value lines), within a bound
@@ -307,11 +306,9 @@ def _backward_data_periodic(plan: ConvPlan, b: Any, w: Any, bias: Any = None) ->
                 t = tmp[:n, : lines * line].reshape(n, -1, tile * line)
                 if not terms:
                     o[...] = 0
-                for i, (off, row) in enumerate(terms):
-                    run = buf[:n, off: off + lines * line].reshape(n, -1, tile * line)
-                    np.multiply(run, row[c0: c0 + n, None, :], out=t if i else o)
-                    if i:
-                        o += t
+                _sum_of_products(o, t, (
+                    (buf[:n, off: off + lines * line].reshape(n, -1, tile * line),
+                     row[c0: c0 + n, None, :]) for off, row in terms))
                 if bp is not None:
                     o += bp[p0: p0 + n, None, None]
                 laid = out[:n, : math.prod(layout) * line].reshape(n, *layout, line)
@@ -392,19 +389,18 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     planes = src.shape[0]
     ph = _Phases(plan)
     runs = ph.runs
-    inside = tuple(slice(0, c) for c in runs.counts)
     taps = len(ph.tap_phase)
     per_plane = np.empty((taps, planes), dtype=acc)
     block = _block(ph.values + runs.size, acc.itemsize)
 
     def work(lo: int, hi: int) -> None:
         bufs = ph.buffers(min(block, hi - lo), acc)
-        laid = np.zeros((len(bufs[0]), *runs.layout), dtype=acc)
+        laid = np.zeros((len(bufs[0]), runs.size), dtype=acc)
         for p0 in range(lo, hi, block):
             n = min(block, hi - p0)
             flat = ph.fill(bufs, src, p0, n)
-            laid[(slice(0, n), *inside)] = grad[p0: p0 + n]
-            rows = laid[:n].reshape(n, -1)[:, : runs.length]
+            runs.crop(laid[:n])[...] = grad[p0: p0 + n]
+            rows = laid[:n, : runs.length]
             for t, (i, off) in enumerate(zip(ph.tap_phase, ph.tap_offset)):
                 np.einsum("pj,pj->p", flat[i][:, off: off + runs.length], rows,
                           out=per_plane[t, p0: p0 + n])

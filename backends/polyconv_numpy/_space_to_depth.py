@@ -31,7 +31,7 @@ import numpy as np
 
 from polyconv._geometry import ConvPlan
 
-from ._common import canonical_weights, dtypes
+from ._common import canonical_weights, dtypes, row_strides
 
 
 def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
@@ -40,7 +40,7 @@ def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
             and all(d == 1 for d in plan.dilations))
 
 
-class _Blocks:
+class Blocks:
     """The blocks' geometry of one plan: per axis ``m = ceil(K/s)`` blocks per window and the
     extent ``E = B + m - 1``; the row offset of each block of a window, and the run of rows
     (per image, or across the images channels-last) that holds every output position."""
@@ -50,7 +50,7 @@ class _Blocks:
         s = self.s = tuple(plan.strides)
         self.m = tuple(-(-k // si) for k, si in zip(plan.kernel, s))
         self.extent = tuple(b + m - 1 for b, m in zip(plan.b_spatial, self.m))
-        strides = [math.prod(self.extent[i + 1:]) for i in range(plan.ndim)]
+        strides = row_strides(self.extent)
         self.offsets = [sum(q * st for q, st in zip(qs, strides))
                         for qs in itertools.product(*(range(m) for m in self.m))]
         self.per_image = math.prod(self.extent)
@@ -108,7 +108,7 @@ class _Blocks:
 
 def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
-    geo = _Blocks(plan)
+    geo = Blocks(plan)
     s_t, wq, n = geo.tensor(a, acc), geo.weights(w, acc), geo.length()
     cb = plan.b_channels
     if plan.channels_last:
@@ -130,34 +130,27 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
 
 def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
-    geo = _Blocks(plan)
+    geo = Blocks(plan)
     s_t, n, b = geo.tensor(a, acc), geo.length(), np.asarray(b)
-    cb, nd = plan.b_channels, plan.ndim
+    cb, ca, nd, m, s = plan.b_channels, plan.a_channels, plan.ndim, geo.m, geo.s
+    # dW_q per block offset, split as [m.., s.., Ca, Cb] or [m.., Cb, Ca, s..]; ``lead``: the
+    # Cb and Ca axes, ``r_axes``: the s axes (the blocks' taps back in kernel order below)
     if plan.channels_last:
         laid = np.zeros((plan.batch, *geo.extent, cb), dtype=acc)
         laid[(slice(None), *geo.crop)] = b
         rows = laid.reshape(-1, cb)[:n]
-        dq = np.stack([s_t[off: off + n].T @ rows for off in geo.offsets])    # [Q, s..Ca, Cb]
-        order_in = (plan.ndim * 2 + 1, plan.ndim * 2)                       # Cb, Ca
+        split = np.stack([s_t[off: off + n].T @ rows for off in geo.offsets]).reshape(
+            *m, *s, ca, cb)
+        lead, r_axes = (2 * nd + 1, 2 * nd), range(nd, 2 * nd)
     else:
         laid = np.zeros((plan.batch, cb, *geo.extent), dtype=acc)
         laid[(slice(None), slice(None), *geo.crop)] = b
         rows = laid.reshape(plan.batch, cb, -1)[:, :, :n]
-        dq = np.stack([np.matmul(rows, s_t[:, :, off: off + n].transpose(0, 2, 1)).sum(0)
-                       for off in geo.offsets])                            # [Q, Cb, Ca s..]
-    # [Q.., (s.., Ca | Cb, Ca, s..)] -> [Cb, Ca, K..]: the blocks' taps back in kernel order
-    m, s = geo.m, geo.s
-    if plan.channels_last:
-        split = dq.reshape(*m, *s, plan.a_channels, cb)
-        q_axes, r_axes = tuple(range(nd)), tuple(range(nd, 2 * nd))
-        lead = order_in
-    else:
-        split = dq.reshape(*m, cb, plan.a_channels, *s)
-        q_axes, r_axes = tuple(range(nd)), tuple(range(nd + 2, 2 * nd + 2))
-        lead = (nd, nd + 1)
-    inter = [ax for pair in zip(q_axes, r_axes) for ax in pair]
-    full = split.transpose(*lead, *inter).reshape(
-        cb, plan.a_channels, *(mi * si for mi, si in zip(m, s)))
+        split = np.stack([np.matmul(rows, s_t[:, :, off: off + n].transpose(0, 2, 1)).sum(0)
+                          for off in geo.offsets]).reshape(*m, cb, ca, *s)
+        lead, r_axes = (nd, nd + 1), range(nd + 2, 2 * nd + 2)
+    inter = [ax for pair in zip(range(nd), r_axes) for ax in pair]
+    full = split.transpose(*lead, *inter).reshape(cb, ca, *(mi * si for mi, si in zip(m, s)))
     canon = full[(slice(None), slice(None), *(slice(0, k) for k in plan.kernel))]
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
