@@ -11,6 +11,7 @@ of the exact and overlap strategies alike.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -40,6 +41,9 @@ FORCED = {
     # blocks of s positions as rows (forward and backward_weights, ungrouped and undilated);
     # elsewhere gather
     "space_to_depth": "space_to_depth",
+    # columns per image (forward and backward_weights, channels-first data, not depthwise);
+    # elsewhere gather
+    "im2col": "im2col",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);
@@ -49,7 +53,8 @@ LAYOUTS = ("default", "channels-last", "threads")
 
 
 @pytest.fixture(params=[(f, lay) for f in sorted(FORCED) for lay in LAYOUTS
-                        if f not in ("exact", "window", "planes") or lay != "channels-last"],
+                        if f not in ("exact", "window", "planes", "im2col")
+                        or lay != "channels-last"],
                 ids=lambda p: "-".join(p))
 def forced(request, monkeypatch):
     name, layout = request.param
@@ -73,7 +78,7 @@ def _split_everything(monkeypatch, threads: int = 3) -> None:
     monkeypatch.setattr(_common, "_MIN_BLAS_ROWS_PER_THREAD", 1)
     monkeypatch.setattr(_common.BLAS, "threads", lambda: threads)
     monkeypatch.setattr(_common, "SPLIT_MIN_ROW", 1)
-    from polyconv_numpy import _depthwise, _planes, _subpixel, _window
+    from polyconv_numpy import _depthwise, _im2col, _planes, _subpixel, _window
 
     monkeypatch.setattr(_depthwise, "SPLIT_MIN_VALUES", 0)
     monkeypatch.setattr(_planes, "SPLIT_MIN_VALUES", 0)
@@ -81,6 +86,8 @@ def _split_everything(monkeypatch, threads: int = 3) -> None:
     monkeypatch.setattr(_window, "_BLOCK_BYTES", 1)         # a block per output line
     monkeypatch.setattr(_subpixel, "_BLOCK_BYTES", 1)       # a block per line
     monkeypatch.setattr(_subpixel, "_SPLIT_BYTES", 1)
+    monkeypatch.setattr(_im2col, "_BLOCK_BYTES", 1)         # a block per output line
+    monkeypatch.setattr(_im2col, "_MIN_POSITIONS", 1)
     # the changes of layout by tiles of one row and 2 columns, every tile a thread's
     monkeypatch.setattr(_common, "_TILE_COLUMNS", 2)
     monkeypatch.setattr(_common, "_TILE_VALUES", 1)
@@ -288,7 +295,7 @@ NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
 @pytest.mark.parametrize("name", ["default", "gather", "overlap", "window", "subpixel",
-                                  "planes", "patches", "space_to_depth"])
+                                  "planes", "patches", "space_to_depth", "im2col"])
 def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
     # the exact path's result is the reference: padded positions add no term, so an inf in
     # the weights poisons only the outputs whose in-range sum meets it (the grid would give
@@ -354,7 +361,8 @@ def test_nonfinite_input_takes_the_exact_path(op):
 
 
 @pytest.mark.parametrize("strategy", ["default", "measured", "gather", "overlap", "window",
-                                      "subpixel", "planes", "patches", "space_to_depth"])
+                                      "subpixel", "planes", "patches", "space_to_depth",
+                                      "im2col"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
 def test_peak_memory_at_most_twice_inputs_and_output(monkeypatch, case, strategy):
@@ -966,3 +974,71 @@ def test_space_to_depth_choice():
             assert polyconv_numpy.choose(primitive, fcn) == "space_to_depth"
             assert "space_to_depth" not in polyconv_numpy.costs(primitive, stem)
     assert "space_to_depth" not in polyconv_numpy.costs("backward_data", fcn)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize(("spatial", "kernel", "attrs"), [
+    ((28, 28), (3, 3), dict()),                                          # MNIST's first layer
+    ((17, 15), (3, 3), dict(strides=2, pads_begin=1, pads_end=0, groups=3)),
+    ((12, 11), (3, 2), dict(strides=(1, 2), pads_begin=(2, 0), pads_end=(0, 3),
+                            dilations=(2, 1))),
+    ((40,), (10,), dict(strides=5, pads_begin=3, pads_end=0)),           # a tail no window reads
+    ((7, 8, 9), (3, 2, 4), dict(strides=(2, 1, 3), pads_begin=(1, 0, 2), pads_end=1)),
+    ((9, 9), (2, 2), dict(strides=3)),                                   # kernel < stride
+    ((5, 4), (2, 2), dict(pads_end=(4, 0))),    # the last lines read nothing but padding
+])
+@pytest.mark.parametrize("block", ["images", "image", "lines"])
+def test_im2col_matches_the_oracle(dtype, spatial, kernel, attrs, block, monkeypatch):
+    # forward and weight gradient from each image's columns, channels-first: blocks of several
+    # images, of one, or of one output line (the padded lines a block reads start inside the
+    # padding, inside a, or past its end); groups, dilation, asymmetric pads; with a bias,
+    # 16-bit accumulated in float32
+    from polyconv_numpy import _im2col
+
+    groups = attrs.get("groups", 1)
+    ic, oc, batch = 3 * groups, 2 * groups, 3
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((batch, ic, *spatial)).astype(numpy_dtype(dtype))
+    w = rng.standard_normal((oc, ic // groups, *kernel)).astype(numpy_dtype(dtype))
+    bias = rng.standard_normal(oc).astype(numpy_dtype(dtype))
+    attrs = dict(attrs, data_format="NCX", weights_format="OIX")
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
+    acc = np.dtype(plan.acc_dtype)
+    image = ic * math.prod(kernel) * math.prod(plan.b_spatial) * acc.itemsize
+    monkeypatch.setattr(_im2col, "_MIN_POSITIONS", 1)
+    monkeypatch.setattr(_im2col, "_BLOCK_BYTES", {"images": 1 << 21, "image": image,
+                                                  "lines": 1}[block])
+    cols = _im2col.Columns(plan, acc)
+    assert len(cols.blocks) == {"images": 1, "image": batch,
+                                "lines": batch * plan.b_spatial[0]}[block]
+    g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
+    with polyconv_numpy.strategy("im2col"):
+        got = [polyconv.convolution(x, w, bias, **attrs),
+               polyconv.convolution_backward_weights(x, g, w.shape, **attrs)]
+    refs = [reference("convolution", x, w, bias, **attrs),
+            reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs)]
+    for y, ref in zip(got, refs):
+        assert y.shape == ref.y.shape and y.dtype == x.dtype
+        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+
+
+def test_im2col_choice():
+    # MNIST's 1->32 first layer and wav2vec 2.0's 1->512 feature extractor on channels-first
+    # data: the columns (9-10 values a position) against the grid's crop and change of layout
+    # of 32-512 channels; never on channels-last data, depthwise layers or backward_data
+    mnist = polyconv.infer_shape("convolution", (64, 1, 28, 28), (32, 1, 3, 3),
+                                 data_format="NCX", weights_format="OIX")
+    wav2vec = polyconv.infer_shape("convolution", (2, 1, 16000), (512, 1, 10), strides=5,
+                                   data_format="NCX", weights_format="OIX")
+    last = polyconv.infer_shape("convolution", (64, 28, 28, 1), (3, 3, 1, 32),
+                                weights_format="XIO")
+    depthwise = polyconv.infer_shape("convolution", (2, 8, 28, 28), (8, 1, 3, 3), groups=8,
+                                     data_format="NCX", weights_format="OIX")
+    with polyconv_numpy.autotune(False):
+        for plan in (mnist, wav2vec):
+            for primitive in ("forward", "backward_weights"):
+                assert polyconv_numpy.choose(primitive, plan) == "im2col"
+            assert "im2col" not in polyconv_numpy.costs("backward_data", plan)
+        for plan in (last, depthwise):
+            for primitive in ("forward", "backward_data", "backward_weights"):
+                assert "im2col" not in polyconv_numpy.costs(primitive, plan)

@@ -34,6 +34,12 @@ one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
   ``s^nd * Ca`` values, and the convolution a sum of ``ceil(K/s)^nd`` products over shifted,
   contiguous ranges of those rows: deep contractions and no tap-by-tap gather (FCN-8s's 16x16
   stride-8 kernel).
+* ``im2col`` (:mod:`._im2col`, channels-first data, not depthwise; forward and
+  backward_weights): per image (or block of its output lines), the taps' windows copied into
+  one ``[Ca*T, L]`` matrix and one product ``W @ columns`` written into ``b`` in its own
+  layout: no phase grid, no crop and no change of layout of ``b``. Good when ``b`` is wider
+  than the columns are deep (MNIST's 1->32, wav2vec 2.0's 1->512, the gradients of
+  ConvTransposes to few channels) and on 1-D layers.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
@@ -62,6 +68,7 @@ from . import (
     _choice,
     _exact,
     _fast,
+    _im2col,
     _overlap,
     _patches,
     _planes,
@@ -153,7 +160,8 @@ class NumpyBackend:
 _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
     "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
                 "exact": _exact.forward, "window": _window.forward, "planes": _planes.forward,
-                "patches": _patches.forward, "space_to_depth": _space_to_depth.forward},
+                "patches": _patches.forward, "space_to_depth": _space_to_depth.forward,
+                "im2col": _im2col.forward},
     "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
                       "exact": _exact.backward_data, "window": _window.backward_data,
                       "subpixel": _subpixel.backward_data, "planes": _planes.backward_data,
@@ -164,7 +172,8 @@ _IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
                          "window": _window.backward_weights,
                          "planes": _planes.backward_weights,
                          "patches": _patches.backward_weights,
-                         "space_to_depth": _space_to_depth.backward_weights},
+                         "space_to_depth": _space_to_depth.backward_weights,
+                         "im2col": _im2col.backward_weights},
 }
 
 
@@ -178,7 +187,7 @@ _ZERO_TAPS_MEET_DATA = frozenset({"space_to_depth"})
 #: the strategies that apply to some plans only (``applies(plan, primitive)``)
 _APPLIES: dict[str, Callable[[ConvPlan, str], bool]] = {
     "window": _window.applies, "planes": _planes.applies, "patches": _patches.applies,
-    "space_to_depth": _space_to_depth.applies,
+    "space_to_depth": _space_to_depth.applies, "im2col": _im2col.applies,
     "subpixel": lambda plan, primitive: _subpixel.applies(plan)}
 
 

@@ -23,7 +23,9 @@ on another plan it takes ``gather``. ``patches`` (:mod:`._patches`) computes eve
 of a plan whose windows do not overlap (kernel = stride, no dilation, no padding before) as one
 copy and one product, and ``planes`` (:mod:`._planes`) every primitive of a depthwise plan on
 channels-first data plane by plane, in place; forced on another plan either takes
-``gather``. ``exact`` (per tap, in-range windows only) computes
+``gather``; so does ``im2col`` (:mod:`._im2col`: per image, the taps' columns and one product
+written in the data's own layout), forced on a plan whose data is channels-last or depthwise.
+``exact`` (per tap, in-range windows only) computes
 every primitive too; non-finite inputs take it unless the chosen strategy is ``overlap`` or
 ``patches``, which add in-range products only and so propagate NaN and Inf exactly as well. The cost
 model also offers it for one channel per group (depthwise) in forward and backward_weights,
@@ -62,10 +64,11 @@ from ._costs import _costs, _exact, _Sizes
 ENV = "POLYCONV_NUMPY_STRATEGY"
 
 STRATEGIES: dict[str, tuple[str, ...]] = {
-    "forward": ("gather", "overlap", "exact", "window", "planes", "patches", "space_to_depth"),
+    "forward": ("gather", "overlap", "exact", "window", "planes", "patches", "space_to_depth",
+                "im2col"),
     "backward_data": ("gather", "overlap", "exact", "window", "subpixel", "planes", "patches"),
     "backward_weights": ("gather", "gather_b", "exact", "window", "planes", "patches",
-                         "space_to_depth"),
+                         "space_to_depth", "im2col"),
 }
 
 _FORCED: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(

@@ -261,11 +261,12 @@ def split_rows(rows: int, work: Callable[[int, int], Any], blas: bool = False,
 SPLIT_MIN_ROW = 256
 
 
-def split_products(rows: int, row: int, work: Callable[[int, int], Any]) -> list:
+def split_products(rows: int, row: int, work: Callable[[int, int], Any],
+                   min_rows: int | None = None) -> list:
     """:func:`split_rows` for a loop of gathers and matrix products whose gathered rows hold
     ``row`` values each: split only for a long contraction. With short ones (DCGAN's 64->3
     forward gathers 48 values a row; the 3-D 64->1 decoder's 27) the threads' many short
     calls contend for the GIL, and the loop ran 1.1-1.4x slower split."""
     if row < SPLIT_MIN_ROW:
         return [work(0, rows)]
-    return split_rows(rows, work, blas=True)
+    return split_rows(rows, work, blas=True, min_rows=min_rows)

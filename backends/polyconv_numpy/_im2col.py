@@ -1,0 +1,154 @@
+"""Channels-first data by columns (im2col): each image's taps copied into one matrix, one
+product per image written in ``b``'s own layout.
+
+For a block of output positions of one or more images (whole images where they fit a
+cache-sized budget, else lines of the first spatial axis), the input lines the block reads are
+copied, zero-padded, into a small buffer, and each tap's strided window of it into the rows of
+a *columns* matrix ``[Ca*T, L]`` (channels-major, taps minor: the canonical weights' own
+order, so ``W`` reshaped to ``[G, Og, Cg*T]`` reads in place). Then
+
+* ``forward``: ``b[n][:, block] = W @ columns`` (per group), a product whose output is ``b``'s
+  channels-first layout already: no phase grid, no crop of the grid's rows, no change of
+  layout of ``b``;
+* ``backward_weights``: ``dW += b[n][:, block] @ columns^T``.
+
+Against the phase grid, which gathers runs of rows channels-first on a grid of all the images
+and so ends in a transposing, cropping copy of ``b`` (``[Cb, N, P..]`` to ``[N, Cb, B..]``),
+this copies ``T*Ca`` values per output position instead of ``Cb``: it wins where the written
+side is wider than the gathered one (MNIST's 1->32 first layer, wav2vec 2.0's 1->512 feature
+extractor, the gradients of ConvTransposes to few channels: pix2pix's 128->3, a 3-D decoder's
+64->1) and on 1-D layers. The zero padding meets ``W`` (forward) and ``b`` (the weight
+gradient), as on the grid: non-finite inputs take the exact path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from polyconv._geometry import ConvPlan
+
+from ._common import canonical_weights, dtypes, split_products
+
+#: bytes of one block's columns (with its padded buffer, it stays in cache) ...
+_BLOCK_BYTES = 1 << 21
+#: ... unless that leaves fewer output positions than this in a block (deep columns: the
+#: products then get too few columns to run at their rate), up to :data:`_MAX_BLOCK_BYTES`
+_MIN_POSITIONS = 1024
+_MAX_BLOCK_BYTES = 1 << 23
+
+
+def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
+    """Channels-first data, not depthwise; forward and backward_weights."""
+    return (primitive in (None, "forward", "backward_weights") and not plan.channels_last
+            and not (plan.a_channels == plan.groups > 1))
+
+
+class Columns:
+    """One plan's blocks and the taps' windows on each block's padded buffer."""
+
+    def __init__(self, plan: ConvPlan, acc: np.dtype):
+        self.plan, self.acc = plan, acc
+        self.taps = list(np.ndindex(*plan.kernel))
+        self.depth = plan.a_channels * len(self.taps)          # rows of the columns
+        b = plan.b_spatial
+        self.per_line = math.prod(b[1:])
+        self.positions = math.prod(b)
+        #: the extent of ``a`` (padded) that the windows of ``b`` read, per axis
+        self.extent = [(n - 1) * s + (k - 1) * d + 1 for n, s, k, d in
+                       zip(b, plan.strides, plan.kernel, plan.dilations)]
+        column = self.depth * acc.itemsize
+        budget = max(_BLOCK_BYTES, min(_MAX_BLOCK_BYTES, column * _MIN_POSITIONS))
+        self.images = max(1, min(plan.batch, budget // max(column * self.positions, 1)))
+        self.lines = b[0] if self.images > 1 else max(1, min(
+            b[0], budget // max(column * self.per_line, 1)))
+        #: (first image, end image, first line, end line) of each block
+        self.blocks = [(n, min(plan.batch, n + self.images), y, min(b[0], y + self.lines))
+                       for n in range(0, plan.batch, self.images)
+                       for y in range(0, b[0], self.lines)]
+
+    def _padded(self, a: np.ndarray, n0: int, n1: int, y0: int, y1: int) -> np.ndarray:
+        """The lines of images ``n0:n1`` that output lines ``y0:y1`` read, zero-padded:
+        ``[n, Ca, lines, E..]``."""
+        plan = self.plan
+        s0, k0, d0 = plan.strides[0], plan.kernel[0], plan.dilations[0]
+        first = y0 * s0 - plan.pads_begin[0]                   # in a's coordinates
+        extent = [(y1 - y0 - 1) * s0 + (k0 - 1) * d0 + 1, *self.extent[1:]]
+        buf = np.zeros((n1 - n0, plan.a_channels, *extent), dtype=self.acc)
+        dst, src = [], []
+        for start, size, e in zip([first, *(-p for p in plan.pads_begin[1:])],
+                                  plan.a_spatial, extent):
+            lo, hi = max(start, 0), max(min(start + e, size), max(start, 0))
+            dst.append(slice(lo - start, hi - start))
+            src.append(slice(lo, hi))
+        buf[(slice(None), slice(None), *dst)] = a[(slice(n0, n1), slice(None), *src)]
+        return buf
+
+    def columns(self, a: np.ndarray, block: tuple[int, int, int, int]) -> np.ndarray:
+        """``[n, Ca*T, L]``: the taps' windows of one block, channels-major."""
+        n0, n1, y0, y1 = block
+        plan, padded = self.plan, self._padded(a, n0, n1, y0, y1)
+        sizes = (y1 - y0, *plan.b_spatial[1:])
+        cols = np.empty((n1 - n0, plan.a_channels, len(self.taps), *sizes), dtype=self.acc)
+        for t, k in enumerate(self.taps):
+            window = tuple(slice(kk * d, kk * d + (n - 1) * s + 1, s) for kk, d, n, s in
+                           zip(k, plan.dilations, sizes, plan.strides))
+            cols[:, :, t] = padded[(slice(None), slice(None), *window)]
+        return cols.reshape(n1 - n0, self.depth, -1)
+
+    def split(self, work) -> list:
+        """``work(blocks)`` over the blocks, on threads where each column is long enough for
+        the products to be split rather than threaded by BLAS (:func:`split_products`)."""
+        return split_products(len(self.blocks), self.depth,
+                              lambda lo, hi: work(self.blocks[lo:hi]), min_rows=1)
+
+
+def _weights(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
+    """``[G, Og, Cg*T]``: the canonical weights, channels-major (no copy of their order)."""
+    g = plan.groups
+    return canonical_weights(w, plan, acc).reshape(g, plan.b_channels // g, -1)
+
+
+def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    a, wm, g = np.asarray(a), _weights(plan, w, acc), plan.groups
+    cols = Columns(plan, acc)
+    b = np.empty((plan.batch, plan.b_channels, cols.positions), dtype=acc)
+
+    def work(blocks) -> None:
+        for block in blocks:
+            n0, n1, y0, y1 = block
+            c = cols.columns(a, block)
+            out = b[n0:n1, :, y0 * cols.per_line: y1 * cols.per_line]
+            np.matmul(wm, c.reshape(n1 - n0, g, -1, c.shape[-1]),
+                      out=out.reshape(n1 - n0, g, -1, c.shape[-1]))
+
+    cols.split(work)
+    if bias is not None:
+        b += np.asarray(bias).astype(acc)[:, None]
+    return b.reshape(plan.b_shape).astype(out_dtype, copy=False)
+
+
+def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
+    out_dtype, acc = dtypes(a, plan)
+    a, g, og = np.asarray(a), plan.groups, plan.b_channels // plan.groups
+    cols = Columns(plan, acc)
+    bm = np.asarray(b).reshape(plan.batch, g, og, cols.positions)
+
+    def work(blocks) -> np.ndarray:
+        dw = np.zeros((g, og, cols.depth // g), dtype=acc)
+        for block in blocks:
+            n0, n1, y0, y1 = block
+            c = cols.columns(a, block)
+            c = c.reshape(n1 - n0, g, -1, c.shape[-1]).transpose(0, 1, 3, 2)
+            rows = bm[n0:n1, :, :, y0 * cols.per_line: y1 * cols.per_line]
+            for i in range(n1 - n0):
+                dw += np.matmul(rows[i].astype(acc, copy=False), c[i])
+        return dw
+
+    dw = sum(cols.split(work))
+    canon = dw.reshape(plan.b_channels, plan.a_channels // g, *plan.kernel)
+    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
+                                dtype=out_dtype)
