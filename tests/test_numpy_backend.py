@@ -84,6 +84,8 @@ def _split_everything(monkeypatch, threads: int = 3) -> None:
     monkeypatch.setattr(_planes, "SPLIT_MIN_VALUES", 0)
     monkeypatch.setattr(_planes, "_BLOCK_BYTES", 1)         # a block per plane
     monkeypatch.setattr(_window, "_BLOCK_BYTES", 1)         # a block per output line
+    monkeypatch.setattr(_window, "_TAP_BLOCK_BYTES", 1)
+    monkeypatch.setattr(_window, "_TAP_SPLIT_MIN_VALUES", 0)
     monkeypatch.setattr(_subpixel, "_BLOCK_BYTES", 1)       # a block per line
     monkeypatch.setattr(_subpixel, "_SPLIT_BYTES", 1)
     monkeypatch.setattr(_im2col, "_BLOCK_BYTES", 1)         # a block per output line
@@ -187,16 +189,23 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
 
 @pytest.mark.parametrize("multiplier", [1, 2])
 def test_cost_model_prices_a_strided_depthwise_backward_data_as_tap_sums(multiplier):
-    # CenterNet's DLA-34 up-sampling (a depthwise k4 s2 ConvTranspose): the grid's tap sums
-    # per phase, 3x faster than the sub-pixel product of one channel per group, which is not
-    # offered; with a channel multiplier (the ConvTranspose's input has the multiplied
-    # channels) too
+    # CenterNet's DLA-34 up-sampling (a depthwise k4 s2 ConvTranspose), channels-last: tap
+    # sums per phase, by windows (1.6x faster than the grid's: lines of 64x64 values) or, with
+    # a channel multiplier (the ConvTranspose's input has the multiplied channels: no
+    # windows), on the grid; 3x faster than the sub-pixel product of one channel per group,
+    # which is not offered. The benchmark suite's 8x32x32x64 depthwise ConvTranspose (lines
+    # of 2048 values, where the windows' taps ran 1.5x slower) keeps the grid
     plan = polyconv.infer_shape("conv_transpose", (8, 64, 64, 64 * multiplier),
                                 (4, 4, 1, 64 * multiplier), strides=2, pads_begin=1,
                                 pads_end=1, groups=64, weights_format="XOI")
     costs = polyconv_numpy.costs("backward_data", plan)
     assert "subpixel" not in costs
-    assert polyconv_numpy.choose("backward_data", plan) == "gather"
+    assert polyconv_numpy.choose("backward_data", plan) == (
+        "window" if multiplier == 1 else "gather")
+    suite = polyconv.infer_shape("conv_transpose", (8, 32, 32, 64), (3, 3, 1, 64), strides=2,
+                                 pads_begin=1, pads_end=1, output_padding=1, groups=64,
+                                 weights_format="XOI")
+    assert "window" not in polyconv_numpy.costs("backward_data", suite)
 
 
 def test_cost_model_takes_the_exact_weight_gradient_for_small_images_of_wide_channels():
@@ -556,14 +565,16 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
 @pytest.mark.parametrize(("block_bytes", "tile_values"), [(1, 1024), (4096, 12), (1 << 18, 1024)])
 def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block_bytes,
                                             tile_values, monkeypatch):
-    # forward and weight gradient: the window strategy's blocks of output lines (one line,
-    # several, a whole image), each over a zero-padded copy of the input lines it reads: first
-    # and last blocks meet the padding, inner ones do not; split over threads; the last axis's
-    # positions merged with the channels into runs of one or several tiles
+    # every primitive: the window strategy's blocks of output lines (one line, several, a
+    # whole image), each over a zero-padded copy of the input lines it reads: first and last
+    # blocks meet the padding, inner ones do not; split over threads; the last axis's
+    # positions merged with the channels into runs of one or several tiles; a strided
+    # backward_data phase by phase, each phase's taps summed one by one in the same blocks
     from polyconv_numpy import _window
 
     _split_everything(monkeypatch)
     monkeypatch.setattr(_window, "_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_window, "_TAP_BLOCK_BYTES", block_bytes)
     # with 12 values a run, an unstrided last axis of 18 is cut into 6 tiles of 2 positions
     monkeypatch.setattr(_window, "_TILE_VALUES", tile_values)
     channels = 6

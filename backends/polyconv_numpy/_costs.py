@@ -129,8 +129,7 @@ def _costs_of(primitive: str, plan: ConvPlan, dtype: str | None) -> dict[str, fl
             and all(s == 1 for s in plan.strides)):
         # unstrided depthwise: one forward convolution of b (adjoint_phases), whichever
         # strategy computes it (the grid's and the windows' loops are the forward's). With a
-        # stride the windows' phases write strided runs of C values and copy b once per
-        # phase: 1.1-1.5x slower than the grid on MobileNetV2's layer, so they are not offered
+        # stride the windows sum each phase's few taps one by one (WINDOW_BD_TAP_S, below)
         return _costs("forward", adjoint_phases(plan)[0].plan)
     z = _Sizes(plan)
     out = _costs_dense(primitive, plan, z)
@@ -147,9 +146,14 @@ def _costs_of(primitive: str, plan: ConvPlan, dtype: str | None) -> dict[str, fl
             out.pop("subpixel", None)
         elif _in_place(plan):
             out.update({k: dw["gather"] for k in out if k != "overlap"}, exact=dw["exact"])
-    if primitive != "backward_data" and window_applies(plan, primitive):
-        tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
-        out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
+    if window_applies(plan, primitive):
+        if primitive == "backward_data":    # strided (above: unstrided), tap by tap
+            if plan.b_spatial[-1] * z.cb >= WINDOW_BD_MIN_RUN:
+                out["window"] = z.item * (z.mb * z.t * z.cb * WINDOW_BD_TAP_S
+                                          + z.ma * z.ca * FILL_S)
+        else:
+            tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
+            out["window"] = z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
     if planes_applies(plan):
         out["planes"] = z.item * (z.mb * z.t * z.cb * PLANES_TAP_S + z.ma * z.ca * PLANES_MOVE_S)
     if patches_applies(plan):
@@ -363,6 +367,16 @@ DW_EXACT_RUN_S = 2.87e-9
 WINDOW_TAP_S = 0.06e-9
 WINDOW_GRAD_TAP_S = 0.1e-9
 WINDOW_COPY_S = 0.34e-9
+#: a strided depthwise backward_data by windows, phase by phase and tap by tap (per value of
+#: ``b`` and tap: a multiply and an add of runs of a line's positions and channels), fitted
+#: the same way on MobileNetV2's 3x3 stride-2 layer (96 channels, 8x112x112) and
+#: EfficientNet-B0's 5x5 stride-2 (144 channels, 8x56x56), 2-CPU AMD EPYC, AVX2 kernels: the
+#: grid took 1.4-2.2x the windows' time there (28-35 against 16-18 ms, 14-21 against 14)
+WINDOW_BD_TAP_S = 0.15e-9
+#: ... offered where a line of ``b`` (positions and channels, the run each tap multiplies)
+#: holds this many values: on the benchmark suite's depthwise ConvTranspose (8x32x32x64 to
+#: 64x64, 2048 values a line) the taps' sums ran 1.5-1.7x slower than the grid
+WINDOW_BD_MIN_RUN = 4096
 
 
 #: depthwise on channels-first data by planes (:mod:`._planes`), per element: each tap's
