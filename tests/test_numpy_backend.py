@@ -961,15 +961,8 @@ def test_space_to_depth_matches_the_oracle(dtype, layout, spatial, kernel, attrs
     bias = rng.standard_normal(oc).astype(numpy_dtype(dtype))
     attrs = dict(attrs, data_format=layout, weights_format="OIX")
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
-    g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
-    with polyconv_numpy.strategy("space_to_depth"):
-        got = [polyconv.convolution(x, w, bias, **attrs),
-               polyconv.convolution_backward_weights(x, g, w.shape, **attrs)]
-    refs = [reference("convolution", x, w, bias, **attrs),
-            reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs)]
-    for y, ref in zip(got, refs):
-        assert y.shape == ref.y.shape and y.dtype == x.dtype
-        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+    _forward_and_weight_gradient_within_bound("space_to_depth", rng, dtype, x, w, bias, attrs,
+                                              plan)
 
 
 def test_space_to_depth_choice():
@@ -1022,8 +1015,14 @@ def test_im2col_matches_the_oracle(dtype, spatial, kernel, attrs, block, monkeyp
     cols = _im2col.Columns(plan, acc)
     assert len(cols.blocks) == {"images": 1, "image": batch,
                                 "lines": batch * plan.b_spatial[0]}[block]
+    _forward_and_weight_gradient_within_bound("im2col", rng, dtype, x, w, bias, attrs, plan)
+
+
+def _forward_and_weight_gradient_within_bound(name, rng, dtype, x, w, bias, attrs, plan):
+    """A convolution's forward and weight gradient with strategy ``name`` forced, against
+    the oracle."""
     g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
-    with polyconv_numpy.strategy("im2col"):
+    with polyconv_numpy.strategy(name):
         got = [polyconv.convolution(x, w, bias, **attrs),
                polyconv.convolution_backward_weights(x, g, w.shape, **attrs)]
     refs = [reference("convolution", x, w, bias, **attrs),
