@@ -1008,8 +1008,9 @@ def test_im2col_matches_the_oracle(dtype, spatial, kernel, attrs, block, monkeyp
     attrs = dict(attrs, data_format="NCX", weights_format="OIX")
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
     acc = np.dtype(plan.acc_dtype)
-    image = ic * math.prod(kernel) * math.prod(plan.b_spatial) * acc.itemsize
+    image = (ic * math.prod(kernel) + oc) * math.prod(plan.b_spatial) * acc.itemsize
     monkeypatch.setattr(_im2col, "_MIN_POSITIONS", 1)
+    monkeypatch.setattr(_im2col, "_DATA_SHARE", None)
     monkeypatch.setattr(_im2col, "_BLOCK_BYTES", {"images": 1 << 21, "image": image,
                                                   "lines": 1}[block])
     cols = _im2col.Columns(plan, acc)
@@ -1052,3 +1053,35 @@ def test_im2col_choice():
         for plan in (last, depthwise):
             for primitive in ("forward", "backward_data", "backward_weights"):
                 assert "im2col" not in polyconv_numpy.costs(primitive, plan)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("src", "weights", "attrs"), [
+    ((2, 64, 64, 64), (1, 64, 3, 3), dict(pads_begin=1, pads_end=1)),   # columns 576x b
+    ((8, 1, 128, 128), (64, 1, 5, 5), dict(strides=2)),                 # b 64x the columns' depth
+    ((1, 8, 32, 64, 64), (8, 8, 3, 3, 3), dict(pads_begin=1, pads_end=1)),
+])
+def test_im2col_memory_at_most_twice_inputs_and_output(dtype, src, weights, attrs):
+    # the columns go by blocks of an eighth of the data (at least a line of the first axis),
+    # each thread's in one buffer, and a 16-bit output is rounded block by block: peak extra
+    # memory within twice the inputs and output however deep the columns (tracemalloc: a
+    # count, not a time)
+    import tracemalloc
+
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal(src).astype(numpy_dtype(dtype))
+    w = rng.standard_normal(weights).astype(numpy_dtype(dtype))
+    attrs = dict(attrs, data_format="NCX", weights_format="OIX")
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
+    g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
+    with polyconv_numpy.strategy("im2col"):
+        for call, inputs in ((lambda: polyconv.convolution(x, w, **attrs), (x, w)),
+                             (lambda: polyconv.convolution_backward_weights(
+                                 x, g, w.shape, **attrs), (x, g))):
+            tracemalloc.start()
+            try:
+                y = call()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak <= 2 * (sum(a.nbytes for a in inputs) + y.nbytes)

@@ -19,6 +19,11 @@ side is wider than the gathered one (MNIST's 1->32 first layer, wav2vec 2.0's 1-
 extractor, the gradients of ConvTransposes to few channels: pix2pix's 128->3, a 3-D decoder's
 64->1) and on 1-D layers. The zero padding meets ``W`` (forward) and ``b`` (the weight
 gradient), as on the grid: non-finite inputs take the exact path.
+
+Memory: each thread fills one buffer with its blocks' columns, a block holding at most a
+fraction of what ``a``, ``b`` and the weights hold (at least one line), and a 16-bit output is
+rounded block by block from a float32 buffer of the same size: peak extra memory within
+twice the inputs and output.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from polyconv._geometry import ConvPlan
 
-from ._common import canonical_weights, dtypes, split_products
+from ._common import canonical_weights, dtypes, split_products, threads
 
 #: bytes of one block's columns (with its padded buffer, it stays in cache) ...
 _BLOCK_BYTES = 1 << 21
@@ -38,6 +43,9 @@ _BLOCK_BYTES = 1 << 21
 #: products then get too few columns to run at their rate), up to :data:`_MAX_BLOCK_BYTES`
 _MIN_POSITIONS = 1024
 _MAX_BLOCK_BYTES = 1 << 23
+#: ... and, per thread, at most what ``a``, ``b`` and the weights hold (in the accumulation
+#: dtype) over this; a block is at least one line of the first spatial axis
+_DATA_SHARE = 2
 
 
 def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
@@ -49,7 +57,7 @@ def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
 class Columns:
     """One plan's blocks and the taps' windows on each block's padded buffer."""
 
-    def __init__(self, plan: ConvPlan, acc: np.dtype):
+    def __init__(self, plan: ConvPlan, acc: np.dtype, rounded: bool = False):
         self.plan, self.acc = plan, acc
         self.taps = list(np.ndindex(*plan.kernel))
         self.depth = plan.a_channels * len(self.taps)          # rows of the columns
@@ -59,8 +67,16 @@ class Columns:
         #: the extent of ``a`` (padded) that the windows of ``b`` read, per axis
         self.extent = [(n - 1) * s + (k - 1) * d + 1 for n, s, k, d in
                        zip(b, plan.strides, plan.kernel, plan.dilations)]
-        column = self.depth * acc.itemsize
+        # a position's bytes in a block: its column, and its sums where they are rounded to
+        # a 16-bit output block by block (``rounded``)
+        column = (self.depth + (plan.b_channels if rounded else 0)) * acc.itemsize
         budget = max(_BLOCK_BYTES, min(_MAX_BLOCK_BYTES, column * _MIN_POSITIONS))
+        if _DATA_SHARE:     # the threads' blocks within the memory bound on small layers
+            data = (plan.batch * (plan.a_channels * math.prod(plan.a_spatial)
+                                  + plan.b_channels * self.positions)
+                    + plan.b_channels * self.depth // plan.groups)
+            budget = min(budget, data * acc.itemsize // (_DATA_SHARE * threads()))
+        budget = max(budget, 1)
         self.images = max(1, min(plan.batch, budget // max(column * self.positions, 1)))
         self.lines = b[0] if self.images > 1 else max(1, min(
             b[0], budget // max(column * self.per_line, 1)))
@@ -86,12 +102,20 @@ class Columns:
         buf[(slice(None), slice(None), *dst)] = a[(slice(n0, n1), slice(None), *src)]
         return buf
 
-    def columns(self, a: np.ndarray, block: tuple[int, int, int, int]) -> np.ndarray:
-        """``[n, Ca*T, L]``: the taps' windows of one block, channels-major."""
+    def buffer(self, rows: int | None = None) -> np.ndarray:
+        """One thread's buffer for the columns of any of the blocks (:meth:`columns`), or for
+        ``rows`` values per position."""
+        rows = self.depth if rows is None else rows
+        return np.empty(rows * self.images * self.lines * self.per_line, dtype=self.acc)
+
+    def columns(self, a: np.ndarray, block: tuple[int, int, int, int],
+                buf: np.ndarray) -> np.ndarray:
+        """``[n, Ca*T, L]``: the taps' windows of one block, channels-major, in ``buf``."""
         n0, n1, y0, y1 = block
         plan, padded = self.plan, self._padded(a, n0, n1, y0, y1)
         sizes = (y1 - y0, *plan.b_spatial[1:])
-        cols = np.empty((n1 - n0, plan.a_channels, len(self.taps), *sizes), dtype=self.acc)
+        shape = (n1 - n0, plan.a_channels, len(self.taps), *sizes)
+        cols = buf[: math.prod(shape)].reshape(shape)
         for t, k in enumerate(self.taps):
             window = tuple(slice(kk * d, kk * d + (n - 1) * s + 1, s) for kk, d, n, s in
                            zip(k, plan.dilations, sizes, plan.strides))
@@ -114,21 +138,27 @@ def _weights(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
 def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
     a, wm, g = np.asarray(a), _weights(plan, w, acc), plan.groups
-    cols = Columns(plan, acc)
-    b = np.empty((plan.batch, plan.b_channels, cols.positions), dtype=acc)
+    cols = Columns(plan, acc, rounded=out_dtype != acc)
+    b = np.empty((plan.batch, plan.b_channels, cols.positions), dtype=out_dtype)
+    bias_acc = None if bias is None else np.asarray(bias).astype(acc)[:, None]
 
     def work(blocks) -> None:
+        buf = cols.buffer()
+        rounded = None if out_dtype == acc else cols.buffer(plan.b_channels)
         for block in blocks:
             n0, n1, y0, y1 = block
-            c = cols.columns(a, block)
+            c = cols.columns(a, block, buf)
             out = b[n0:n1, :, y0 * cols.per_line: y1 * cols.per_line]
+            sums = out if rounded is None else rounded[: out.size].reshape(out.shape)
             np.matmul(wm, c.reshape(n1 - n0, g, -1, c.shape[-1]),
-                      out=out.reshape(n1 - n0, g, -1, c.shape[-1]))
+                      out=sums.reshape(n1 - n0, g, -1, c.shape[-1]))
+            if bias_acc is not None:
+                sums += bias_acc
+            if sums is not out:
+                out[...] = sums                 # the one rounding to a 16-bit output
 
     cols.split(work)
-    if bias is not None:
-        b += np.asarray(bias).astype(acc)[:, None]
-    return b.reshape(plan.b_shape).astype(out_dtype, copy=False)
+    return b.reshape(plan.b_shape)
 
 
 def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
@@ -138,10 +168,10 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     bm = np.asarray(b).reshape(plan.batch, g, og, cols.positions)
 
     def work(blocks) -> np.ndarray:
-        dw = np.zeros((g, og, cols.depth // g), dtype=acc)
+        dw, buf = np.zeros((g, og, cols.depth // g), dtype=acc), cols.buffer()
         for block in blocks:
             n0, n1, y0, y1 = block
-            c = cols.columns(a, block)
+            c = cols.columns(a, block, buf)
             c = c.reshape(n1 - n0, g, -1, c.shape[-1]).transpose(0, 1, 3, 2)
             rows = bm[n0:n1, :, :, y0 * cols.per_line: y1 * cols.per_line]
             for i in range(n1 - n0):
