@@ -127,6 +127,15 @@ def row_strides(extent: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(extent[i + 1:]) for i in range(len(extent)))
 
 
+def in_range(start: int, size: int, extent: int) -> tuple[slice, slice]:
+    """The part of a window of ``extent`` positions from ``start`` (an axis's coordinate,
+    negative in the padding before) that lies on the axis's ``size`` positions: ``(slice of
+    the window, slice of the axis)``, both empty where none does."""
+    lo = max(start, 0)
+    hi = max(min(start + extent, size), lo)
+    return slice(lo - start, hi - start), slice(lo, hi)
+
+
 def canonical_weights(w: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
     """The user's weights as canonical ``[Cb, Ca/G, K..]`` in the accumulation dtype."""
     return np.transpose(np.asarray(w), plan.weights_perm).astype(acc)

@@ -171,7 +171,7 @@ def _im2col(primitive: str, plan: ConvPlan, z: _Sizes) -> float:
     lines a block reads, each tap's window of it copied into the columns (runs of ``b``'s
     last axis, strided where that axis is), and the products ``[Og, Cg*T] x [Cg*T, L]`` per
     group, written into ``b`` in place (the weight gradient: their long-contraction form)."""
-    cols = Columns(plan, np.dtype("float64" if z.item == 2 else "float32"))
+    cols = Columns(plan, np.dtype(plan.acc_dtype))
     run = plan.b_spatial[-1] if plan.strides[-1] == 1 else 1
     copies = z.item * (z.ma * z.ca * 2 * FILL_S + _copy(z.mb * z.t * z.ca, run))
     calls = len(cols.blocks) * (z.t + 3) * CALL_S

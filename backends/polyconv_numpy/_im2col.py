@@ -35,7 +35,7 @@ import numpy as np
 
 from polyconv._geometry import ConvPlan
 
-from ._common import canonical_weights, dtypes, split_products, threads
+from ._common import canonical_weights, dtypes, in_range, split_products, threads
 
 #: bytes of one block's columns (with its padded buffer, it stays in cache) ...
 _BLOCK_BYTES = 1 << 21
@@ -65,8 +65,8 @@ class Columns:
         self.per_line = math.prod(b[1:])
         self.positions = math.prod(b)
         #: the extent of ``a`` (padded) that the windows of ``b`` read, per axis
-        self.extent = [(n - 1) * s + (k - 1) * d + 1 for n, s, k, d in
-                       zip(b, plan.strides, plan.kernel, plan.dilations)]
+        self.extent = [(n - 1) * s + ek for n, s, ek in
+                       zip(b, plan.strides, plan.effective_kernel)]
         # a position's bytes in a block: its column, and its sums where they are rounded to
         # a 16-bit output block by block (``rounded``)
         column = (self.depth + (plan.b_channels if rounded else 0)) * acc.itemsize
@@ -76,7 +76,6 @@ class Columns:
                                   + plan.b_channels * self.positions)
                     + plan.b_channels * self.depth // plan.groups)
             budget = min(budget, data * acc.itemsize // (_DATA_SHARE * threads()))
-        budget = max(budget, 1)
         self.images = max(1, min(plan.batch, budget // max(column * self.positions, 1)))
         self.lines = b[0] if self.images > 1 else max(1, min(
             b[0], budget // max(column * self.per_line, 1)))
@@ -89,17 +88,13 @@ class Columns:
         """The lines of images ``n0:n1`` that output lines ``y0:y1`` read, zero-padded:
         ``[n, Ca, lines, E..]``."""
         plan = self.plan
-        s0, k0, d0 = plan.strides[0], plan.kernel[0], plan.dilations[0]
-        first = y0 * s0 - plan.pads_begin[0]                   # in a's coordinates
-        extent = [(y1 - y0 - 1) * s0 + (k0 - 1) * d0 + 1, *self.extent[1:]]
+        first = y0 * plan.strides[0] - plan.pads_begin[0]      # in a's coordinates
+        extent = [(y1 - y0 - 1) * plan.strides[0] + plan.effective_kernel[0], *self.extent[1:]]
         buf = np.zeros((n1 - n0, plan.a_channels, *extent), dtype=self.acc)
-        dst, src = [], []
-        for start, size, e in zip([first, *(-p for p in plan.pads_begin[1:])],
-                                  plan.a_spatial, extent):
-            lo, hi = max(start, 0), max(min(start + e, size), max(start, 0))
-            dst.append(slice(lo - start, hi - start))
-            src.append(slice(lo, hi))
-        buf[(slice(None), slice(None), *dst)] = a[(slice(n0, n1), slice(None), *src)]
+        parts = [in_range(start, size, e) for start, size, e in
+                 zip([first, *(-p for p in plan.pads_begin[1:])], plan.a_spatial, extent)]
+        buf[(slice(None), slice(None), *(d for d, _ in parts))] = a[
+            (slice(n0, n1), slice(None), *(s for _, s in parts))]
         return buf
 
     def buffer(self, rows: int | None = None) -> np.ndarray:

@@ -34,7 +34,7 @@ from polyconv._geometry import ConvPlan
 from polyconv._phases import adjoint_phases
 
 from . import _depthwise
-from ._common import add_bias, canonical_weights, dtypes, split_rows, to_user_layout
+from ._common import add_bias, canonical_weights, dtypes, in_range, split_rows, to_user_layout
 
 _BLOCK_BYTES = 1 << 18      # output values of one block (with its buffer, stays in cache)
 #: ... of one block of a strided backward_data's phase, summed tap by tap (:func:`_tap_sums`:
@@ -60,12 +60,9 @@ class _Windows:
                   zip(plan.b_spatial, plan.strides, plan.effective_kernel)]
         self.buffer_shape = ((self.per_block - 1) * plan.strides[0] + plan.effective_kernel[0],
                              *extent[1:], c)
-        self.inner, self.source = [], []
-        for ax in range(1, nd):
-            pb, size = plan.pads_begin[ax], plan.a_spatial[ax]
-            lo, hi = max(-pb, 0), max(min(size, extent[ax] - pb), max(-pb, 0))
-            self.inner.append(slice(lo + pb, hi + pb))
-            self.source.append(slice(lo, hi))
+        inner = [in_range(-plan.pads_begin[ax], plan.a_spatial[ax], extent[ax])
+                 for ax in range(1, nd)]
+        self.inner, self.source = [d for d, _ in inner], [s for _, s in inner]
         letters = string.ascii_lowercase[: 2 * nd]
         self.spec = f"{letters}z,{letters[nd:]}z->{letters[:nd]}z"      # taps x weights
         self.grad_spec = f"{letters}z,{letters[:nd]}z->{letters[nd:]}z"  # taps x b
@@ -89,13 +86,11 @@ class _Windows:
         plan = self.plan
         r0 = y0 * plan.strides[0] - plan.pads_begin[0]          # first line of a read
         rows = (y1 - y0 - 1) * plan.strides[0] + plan.effective_kernel[0]
-        lo, hi = max(r0, 0), min(r0 + rows, plan.a_spatial[0])
+        dst, src = in_range(r0, plan.a_spatial[0], rows)
         part = buf[:rows]
-        part[: max(lo - r0, 0)] = 0
-        part[max(hi - r0, 0):] = 0
-        if hi > lo:
-            part[(slice(lo - r0, hi - r0), *self.inner)] = self.a[(n, slice(lo, hi),
-                                                                   *self.source)]
+        part[: dst.start] = 0
+        part[dst.stop:] = 0
+        part[(dst, *self.inner)] = self.a[(n, src, *self.source)]
         st, steps = part.strides, list(plan.strides)
         steps[-1] *= r
         return as_strided(part, (y1 - y0, *plan.b_spatial[1:-1], plan.b_spatial[-1] // r,
