@@ -31,7 +31,7 @@ import numpy as np
 
 from polyconv._geometry import ConvPlan
 
-from ._common import canonical_weights, dtypes, row_strides
+from ._common import canonical_weights, dtypes, in_range, row_strides
 
 
 def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
@@ -64,9 +64,9 @@ class Blocks:
         a = np.asarray(a)
         padded_shape = tuple(e * s for e, s in zip(self.extent, self.s))
         # the positions of a that the blocks hold (a tail that no window reads is left out)
-        src = tuple(slice(0, max(0, min(size, p - pb)))
-                    for size, p, pb in zip(plan.a_spatial, padded_shape, plan.pads_begin))
-        dst = tuple(slice(pb, pb + r.stop) for pb, r in zip(plan.pads_begin, src))
+        parts = [in_range(-pb, size, p)
+                 for size, p, pb in zip(plan.a_spatial, padded_shape, plan.pads_begin)]
+        dst, src = tuple(d for d, _ in parts), tuple(r for _, r in parts)
         pairs = [d for e, s in zip(self.extent, self.s) for d in (e, s)]
         if plan.channels_last:
             padded = np.zeros((plan.batch, *padded_shape, plan.a_channels), dtype=acc)
