@@ -5,7 +5,8 @@ Six ops with oneDNN Graph semantics: :func:`convolution`, :func:`convolution_bac
 :func:`conv_transpose_backward_data` and :func:`conv_transpose_backward_weights`, on numpy
 arrays, JAX arrays and any array-API array. All shape, padding and layout logic is resolved
 once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`. :func:`compare` runs one op
-on every backend against a float64 reference.
+on every backend against a float64 reference. :func:`implementation` forces a backend's
+implementation by name and :func:`autotune` measures them (off by default).
 """
 
 from ._backends import (
@@ -16,6 +17,7 @@ from ._backends import (
     get_backend,
     registered_backends,
 )
+from ._choice import Implementation, autotune, chosen, implementation
 from ._geometry import AUTO_PADS, DATA_FORMATS, WEIGHTS_FORMATS, ConvPlan
 from ._ops import (
     OPS,
@@ -43,8 +45,11 @@ __all__ = [
     "BackendResult",
     "Comparison",
     "ConvPlan",
+    "Implementation",
     "Samples",
+    "autotune",
     "available_backends",
+    "chosen",
     "compare",
     "conv_transpose",
     "conv_transpose_backprop_filters",
@@ -56,6 +61,7 @@ __all__ = [
     "convolution_backward_data",
     "convolution_backward_weights",
     "get_backend",
+    "implementation",
     "infer_shape",
     "registered_backends",
 ]

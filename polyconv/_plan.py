@@ -6,8 +6,9 @@ with every pad, size and layout fixed, made by :func:`polyconv._geometry.resolve
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ._optable import Primitive
 
@@ -27,7 +28,10 @@ class ConvPlan:
 
     Plans compare and hash on the geometry alone: ``op``, ``dtype``, ``precision``,
     ``has_bias`` and the format strings (for messages and reports) are left out, so an op and
-    its alias, or two dtypes of one layer, are one key of a per-plan cache.
+    its alias, or two dtypes of one layer, are one key of a per-plan cache. So is
+    ``output_padding``, which the sizes imply (a strided Convolution whose size rule leaves
+    rows past its last product has 0 in its own plan and those rows in
+    ``convolution_backward_data``'s: one geometry, one plan). :attr:`key` adds the dtype.
 
     Attributes
     ----------
@@ -69,7 +73,7 @@ class ConvPlan:
     dilations: tuple[int, ...]
     pads_begin: tuple[int, ...]
     pads_end: tuple[int, ...]
-    output_padding: tuple[int, ...]
+    output_padding: tuple[int, ...] = field(compare=False)
     channels_last: bool
     weights_perm: tuple[int, ...]
     data_format: str = field(compare=False)
@@ -79,6 +83,13 @@ class ConvPlan:
     precision: object = field(default=None, compare=False)
 
     # --- derived numbers -------------------------------------------------------------------
+    @functools.cached_property
+    def key(self) -> str:
+        """The geometry and dtype as text: the key of a choice made for this plan (the same
+        for an op and its alias, and for a primitive and the gradient that computes it)."""
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                        if f.compare) + f",dtype={self.dtype}"
+
     @property
     def ndim(self) -> int:
         """Number of spatial axes."""
@@ -163,8 +174,6 @@ class ConvPlan:
 
     def __repr__(self) -> str:
         # The answer first (what infer_shape is called for), then the canonical description.
-        from dataclasses import fields
-
         head = ("shape", "pads_begin", "pads_end", "output_padding")
         items = [(name, getattr(self, name)) for name in head]
         items += [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in head]
