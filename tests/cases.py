@@ -263,8 +263,10 @@ def build_case(fn: str, row: dict[str, Any], seed: int, label: str = "") -> Case
     canonical_w = (cb, ca // groups, *kernel)
     w_shape = oracle.weights_user_shape(canonical_w, fmt, family)
 
+    batch = row.get("batch", BATCH)
+
     def data(channels, spatial):
-        return oracle.data_shape(BATCH, channels, spatial, channels_last)
+        return oracle.data_shape(batch, channels, spatial, channels_last)
 
     base_attrs = {**attrs, "weights_format": fmt}
     for grow in range(12):
@@ -307,7 +309,7 @@ def describe(row: dict[str, Any]) -> str:
              f"d{row['dilations']}", f"p{row['pads']}", str(row["auto_pad"]),
              f"g{row['groups']}", row["data_format"], row["weights_format"], row["dtype"],
              row["spelling"]]
-    for key in ("bias", "output_padding", "dst", "wshape"):
+    for key in ("bias", "output_padding", "dst", "wshape", "batch"):
         if key in row:
             parts.append(f"{key}={row[key]}")
     return "-".join(parts)

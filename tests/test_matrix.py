@@ -155,6 +155,25 @@ def test_empty_batch(target, fn):
     check_result(target, y, ref, "float32")
 
 
+# A batch of 0 is the only axis the contract lets be empty (docs/semantics.md#validation:
+# every data tensor has a channel and a position per spatial axis, the weights a channel on
+# each channel axis): every op, both data formats, every weights format, ranks 1-3.
+EMPTY_BATCH_GRID = [
+    build_case(fn, {**BUSY_ROW, "batch": 0, "rank": rank, "data_format": data_format,
+                    "weights_format": weights_format},
+               seed=12, label=f"{fn}-r{rank}-{data_format}-{weights_format}-batch0")
+    for fn in MAIN_OPS for data_format in ("NXC", "NCX")
+    for rank, weights_format in zip((1, 2, 3, 1, 2), ("OIX", "XIO", "IOX", "XOI", "default"))]
+
+
+@pytest.mark.parametrize("case", EMPTY_BATCH_GRID, ids=lambda c: c.label)
+def test_empty_batch_every_layout(target, case):
+    """A batch of 0 in every layout: an empty result of the oracle's shape, and weight
+    gradients of zeros (the oracle's)."""
+    assert 0 in (case.shapes[0][0], case.shapes[1][0])
+    check_case(target, case)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 def test_numpy_inputs_in_non_native_byte_order(target, dtype):
     """``>f4`` is float32 (numpy's dtype name, not its byte order, is the dtype): numpy inputs

@@ -33,8 +33,9 @@ def channels_last(x: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
 def _move_channels(x: np.ndarray, dtype: np.dtype, to_last: bool) -> np.ndarray:
     """``x`` (``[N, C, X..]``, or ``[N, X.., C]`` when not ``to_last``) with its channels moved
     to the other end, C-contiguous, in ``dtype``: by tiles (:func:`transpose`) where ``x`` is
-    C-contiguous with a spatial axis, else numpy's copy of the moved view."""
-    if not x.flags.c_contiguous or x.ndim < 3:
+    C-contiguous with a spatial axis and holds values, else numpy's copy of the moved view
+    (an empty ``x``, a batch of 0, has no ``-1`` axis to reshape to)."""
+    if not x.flags.c_contiguous or x.ndim < 3 or x.size == 0:
         return np.ascontiguousarray(np.moveaxis(x, 1 if to_last else -1, -1 if to_last else 1),
                                     dtype=dtype)
     n = x.shape[0]
