@@ -191,7 +191,8 @@ def get_backend(name: str, op: str = "polyconv") -> Backend:
             extra = name.replace("_", "-")
             msg = (f"{op}: polyconv backend {name!r} is not installed here (missing: "
                    f"{', '.join(missing) or entry.module}); install it with "
-                   f"`pip install 'polyconv[{extra}]'`")
+                   f"`pip install 'polyconv-ops[{extra}]'` (the distribution is "
+                   "polyconv-ops; the package index's 'polyconv' is another project)")
             raise ImportError(msg)
         backend = importlib.import_module(entry.module).BACKEND
     elif name in _entry_points():

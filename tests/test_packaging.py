@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 DIST = PYPROJECT["project"]["name"]
 
-# Where a user reads install lines: the README, the docs, the examples' hints.
+# Where a user reads install lines: the README, the docs, the examples' hints, and every
+# string of the library and its backends (error messages, the command's output).
 SOURCES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
-                  *(ROOT / "examples").glob("*.py")])
+                  *(ROOT / "examples").glob("*.py"), *(ROOT / "polyconv").rglob("*.py"),
+                  *(ROOT / "backends").rglob("*.py")])
 # Files whose install line is fixed elsewhere: docs/backends.md belongs to the JAX backend's
 # work in progress (once fixed, the strict xfail reports an unexpected pass: drop it here).
 PENDING: dict[str, str] = {}   # path -> why its install lines are not right yet
@@ -96,3 +98,18 @@ def test_the_version_is_written_once():
     assert "version" not in PYPROJECT["project"]
     assert "version" in PYPROJECT["project"]["dynamic"]
     assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "polyconv/__init__.py"
+
+
+def test_a_missing_backend_names_the_distribution(monkeypatch):
+    """The hint of a backend that is not installed, as the user reads it."""
+    from polyconv import _backends
+
+    entry = _backends._BUILTIN["jax"]
+    missing = type(entry)(entry.name, entry.module, ("no_such_module_for_this_test",),
+                          entry.description, entry.libraries)
+    monkeypatch.setitem(_backends._BUILTIN, "jax", missing)
+    monkeypatch.delitem(_backends._LOADED, "jax", raising=False)
+    with pytest.raises(ImportError) as info:
+        _backends.get_backend("jax", "convolution")
+    assert _named(str(info.value)) == [_normalise(DIST)], str(info.value)
+    assert f"pip install '{DIST}[jax]'" in str(info.value)
