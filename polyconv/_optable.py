@@ -11,11 +11,22 @@ the ops again. See docs/semantics.md#six-ops.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Primitive = Literal["forward", "backward_data", "backward_weights"]
 Family = Literal["convolution", "conv_transpose"]
+
+#: The adjoint identities of the canonical convolution, ``<F(a, W), b> = <a, D(b, W)> =
+#: <W, Wt(a, b)>``: per primitive, for the cotangent of each of its two inputs, the primitive
+#: that computes it and the slot the cotangent takes among that primitive's inputs (the other
+#: slot takes the primitive's other input). Every backend's derivative rules read it.
+ADJOINTS: dict[str, tuple[tuple[Primitive, int], tuple[Primitive, int]]] = {
+    "forward": (("backward_data", 0), ("backward_weights", 1)),
+    "backward_data": (("forward", 0), ("backward_weights", 0)),
+    "backward_weights": (("backward_data", 1), ("forward", 1)),
+}
 
 #: positional arguments that are shapes, not arrays
 SHAPE_ARGUMENTS = ("dst_shape", "weights_shape")
@@ -157,10 +168,11 @@ def lookup(op: str | Any, who: str = "") -> OpSpec:
     if isinstance(op, str):
         found = _BY_LOOSE_NAME.get(_loose(op.strip()))
     else:
-        from . import _ops
-
+        # a function of the op module is one of that loaded module's (no import: that module
+        # imports this one)
+        ops = sys.modules.get(f"{__package__}._ops")
         candidate = _BY_NAME.get(getattr(op, "__name__", None))
-        if candidate is not None and getattr(_ops, candidate.name) is op:
+        if candidate is not None and getattr(ops, candidate.name, None) is op:
             found = candidate
     if found is None:
         names = ", ".join(repr(n) for s in OP_TABLE for n in s.ops_names)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from polyconv._geometry import ConvPlan
+from polyconv._optable import ADJOINTS
 
 from . import _lowering
 
@@ -39,14 +40,6 @@ except ImportError:  # pragma: no cover - older torch
 
 RAW = {"forward": _lowering.forward, "backward_data": _lowering.backward_data,
        "backward_weights": _lowering.backward_weights}
-
-#: per primitive: for the gradient of each input, the primitive computing it and the slot of
-#: ``g`` among that primitive's two inputs (the other slot takes the other input)
-_ADJOINTS = {
-    "forward": (("backward_data", 0), ("backward_weights", 1)),
-    "backward_data": (("forward", 0), ("backward_weights", 0)),
-    "backward_weights": (("backward_data", 1), ("forward", 1)),
-}
 
 
 def _needs_grad(*tensors: Any) -> bool:
@@ -64,7 +57,7 @@ def apply(primitive: str, plan: ConvPlan, x: torch.Tensor, y: torch.Tensor,
 
 
 class Primitive(torch.autograd.Function):
-    """One primitive, its gradients by :data:`_ADJOINTS`. Written in the ``setup_context``
+    """One primitive, its gradients by :data:`ADJOINTS`. Written in the ``setup_context``
     form, with a generated vmap rule, so that ``torch.func`` (``grad``, ``vjp``, ``vmap``)
     transforms it too."""
 
@@ -101,7 +94,7 @@ class Primitive(torch.autograd.Function):
         x, y = ctx.saved_tensors
         plan = ctx.plan
         grads = []
-        for i, (adjoint, slot) in enumerate(_ADJOINTS[ctx.primitive]):
+        for i, (adjoint, slot) in enumerate(ADJOINTS[ctx.primitive]):
             if not ctx.needs_input_grad[2 + i]:
                 grads.append(None)
                 continue
