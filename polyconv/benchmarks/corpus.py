@@ -292,6 +292,27 @@ def _lax(layer: Layer, mode: str, arrays):
 
 
 @dataclass(frozen=True)
+class Autotuned:
+    """A competitor's call with measuring on (:func:`polyconv.autotune`): each plan's first
+    call (a JAX op's first trace) times its candidates and keeps the fastest, against which
+    the default pick's warm speed is checked in the same run."""
+
+    inner: Callable[[], Any]
+
+    def __call__(self) -> Any:
+        with polyconv.autotune():
+            return self.inner()
+
+    def queued(self, calls: int) -> Any:
+        with polyconv.autotune():
+            return timed_call(self.inner, calls)
+
+
+def _autotuned(make: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda layer, mode, arrays: Autotuned(make(layer, mode, arrays))
+
+
+@dataclass(frozen=True)
 class Competitor:
     name: str
     requires: str | None
@@ -305,6 +326,8 @@ COMPETITORS: tuple[Competitor, ...] = (
     Competitor("lax", "jax", _lax),
     Competitor("torch", "torch", _torch),
     Competitor("polyconv-numpy", None, polyconv_eager),
+    Competitor("polyconv-jax autotuned", "jax", _autotuned(_polyconv_jax)),
+    Competitor("polyconv-numpy autotuned", None, _autotuned(polyconv_eager)),
 )
 
 
@@ -350,22 +373,24 @@ def run_layer(layer: Layer, mode: str, competitors, repeats: int, warmup: int,
 
 
 def _chosen(layer: Layer) -> tuple[str, dict[str, dict[str, float]]]:
-    """The lowerings the JAX backend measured for the layer's plan (F, D, W), and each
-    candidate's measured seconds per primitive."""
-    if "polyconv_jax" not in sys.modules:
-        return "", {}
-    from polyconv_jax import canonical_precision, measured_choices
-    from polyconv_jax._choice import measured_times, plan_key
+    """What the measuring competitors chose for the layer's plan (F, D, W per backend), and
+    each candidate's measured seconds, by backend and primitive."""
+    from polyconv._choice import _CHOOSERS
 
     plan = layer.plan.with_(dtype=layer.dtype)
-    precision = canonical_precision(layer.op, None)
-    chosen, times = measured_choices(), measured_times()
     letters = {"forward": "F", "backward_data": "D", "backward_weights": "W"}
-    keys = {p: plan_key(p, plan, precision) for p in letters}
-    text = " ".join(f"{letter}:{chosen[keys[p]]}" for p, letter in letters.items()
-                    if keys[p] in chosen)
-    return text, {p: {name: (t if math.isfinite(t) else None) for name, t in times[k].items()}
-                  for p, k in keys.items() if k in times}
+    text, times = [], {}
+    for backend, chooser in sorted(_CHOOSERS.items()):
+        chosen, measured = chooser.chosen(), chooser.measured()
+        for primitive, letter in letters.items():
+            tail = f"|{primitive}|{plan.with_(primitive=primitive).key}"
+            for key in (k for k in chosen if tail in k):
+                text.append(f"{backend} {letter}:{chosen[key]}")
+            for key in (k for k in measured if tail in k):
+                times.setdefault(backend, {})[primitive] = {
+                    name: (t if math.isfinite(t) else None)
+                    for name, t in measured[key].items()}
+    return " ".join(text), times
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -656,7 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run numpy's BLAS, XLA and PyTorch on this many threads, pinned to "
                              "as many CPUs (default: each library's own choice)")
     parser.epilog = ("'polyconv bench --corpus [options]' runs the layers of real public models "
-                     "instead, forward and gradient ('polyconv bench --corpus --help').")
+                     "instead, forward and gradient ('polyconv bench --corpus --help'); "
+                     "'polyconv bench --implementations' forces every implementation of every "
+                     "backend on them, for the choice among implementations.")
     return parser
 
 
@@ -666,6 +668,10 @@ def main(argv: list[str] | None = None) -> int:
         from .corpus import main as corpus_main
 
         return corpus_main(argv[1:])
+    if argv[:1] == ["--implementations"]:  # every implementation forced on the corpus
+        from .implementations import main as implementations_main
+
+        return implementations_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     selected = [c for c in CASES if args.cases.lower() in c.name.lower()]
