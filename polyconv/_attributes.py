@@ -12,6 +12,12 @@ _AUTO_PAD_ALIASES = {"none": "none", "explicit": "none", "notset": "none",
                      "same_upper": "same_upper", "same_lower": "same_lower", "valid": "valid"}
 DATA_FORMATS = ("NXC", "NCX")
 WEIGHTS_FORMATS = ("XIO", "OIX", "IOX", "XOI")
+#: Layouts spelt with their spatial axes named, as PyTorch, TensorFlow and ONNX write them
+#: (``NCHW``, ``NDHWC``, ``OIHW``, ``HWIO``, ...): each is the polyconv value with ``W``,
+#: ``HW`` or ``DHW`` for its ``X``, and implies that many spatial axes
+#: (docs/semantics.md#layout-spellings). Spelling -> (polyconv value, spatial axes).
+LAYOUT_SPELLINGS = {fmt.replace("X", axes): (fmt, len(axes))
+                    for fmt in (*DATA_FORMATS, *WEIGHTS_FORMATS) for axes in ("W", "HW", "DHW")}
 
 
 def parse_int(op: str, name: str, value) -> int:
@@ -128,9 +134,16 @@ def parse_choice(op: str, name: str, value, accepted: tuple[str, ...]) -> str:
                f"got {name}={value!r} ({type(value).__name__})")
         raise TypeError(msg)
     canon = value.upper()
+    spelled = LAYOUT_SPELLINGS.get(canon)
+    if spelled is not None and spelled[0] in accepted:
+        return spelled[0]
     if canon not in accepted:
+        named = [s for s, (fmt, _) in LAYOUT_SPELLINGS.items() if fmt in accepted]
+        also = (f", or one of these with its spatial axes named: {', '.join(named)}"
+                if named else "")
         msg = (f"{op}: unknown {name} {value!r}; accepted values are "
-               f"{', '.join(map(repr, accepted))}")
+               f"{', '.join(map(repr, accepted))} (case-insensitive; X stands for the spatial "
+               f"axes, any number of them){also}")
         raise ValueError(msg)
     return canon
 

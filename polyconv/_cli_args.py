@@ -102,8 +102,10 @@ def add_attr_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--auto-pad", metavar="MODE",
                    help="none, same_upper, same_lower or valid")
     g.add_argument("--groups", type=int, metavar="G")
-    g.add_argument("--data-format", metavar="FMT", help="NXC (default) or NCX")
-    g.add_argument("--weights-format", metavar="FMT", help="XIO, OIX, IOX or XOI")
+    g.add_argument("--data-format", metavar="FMT",
+                   help="NXC (default) or NCX; also spelt NHWC, NCHW, NCDHW, ...")
+    g.add_argument("--weights-format", metavar="FMT",
+                   help="XIO, OIX, IOX or XOI; also spelt HWIO, OIHW, IOHW, HWOI, ...")
 
 
 def attrs_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from ._backends import (
     restore_type,
 )
 from ._geometry import Attrs, ConvPlan, check_precision, resolve
+from ._layouts import check_spelled_ranks
 from ._optable import OpSpec
 
 
@@ -46,6 +47,7 @@ def _prepare(spec: OpSpec, arguments: dict[str, Any]):
         args[name] = _alias(spec.name, name, args.get(name), alias, args.pop(alias, None))
     if args["weights_format"] is None:
         args["weights_format"] = spec.weights_format
+    check_spelled_ranks(spec.name, args)
     inputs = {name: args.get(name) for name in _ARRAY_PARAMETERS}
     attrs = Attrs(**{key: args[key] for key in _ATTRIBUTES if key in args})
     return inputs, attrs, args["dst_shape"], args["weights_shape"]

@@ -3,8 +3,34 @@ hint that names the formats a mismatched call's shapes fit (docs/semantics.md#la
 
 from __future__ import annotations
 
-from ._attributes import WEIGHTS_FORMATS
+from ._attributes import LAYOUT_SPELLINGS, WEIGHTS_FORMATS
 from ._optable import Family
+
+
+def check_spelled_ranks(op: str, args: dict) -> None:
+    """``data_format`` and ``weights_format`` spelt with their spatial axes named (``NCHW``,
+    ``HWIO``, ...) must name as many as the data has: ``NCHW`` is ``NCX`` on 2-D data only.
+    ``args`` holds the call's arguments by name, the data as arrays or shapes; what cannot be
+    read here is left to the checks of the data's shapes."""
+    first = next((n for n in ("src", "diff_dst") if args.get(n) is not None), None)
+    try:
+        shape = tuple(getattr(args[first], "shape", args[first]))
+    except (KeyError, TypeError):
+        return
+    rank = len(shape) - 2
+    for name in ("data_format", "weights_format"):
+        value = args.get(name)
+        spelled = LAYOUT_SPELLINGS.get(value.upper()) if isinstance(value, str) else None
+        if spelled is None or rank < 1 or spelled[1] == rank:
+            continue
+        fmt, ndim = spelled
+        fits = [s for s, (f, n) in LAYOUT_SPELLINGS.items() if f == fmt and n == rank]
+        fix = f"{name}={fits[0]!r}, or " if fits else ""
+        msg = (f"{op}: {name}={value!r} is {fmt!r} with {ndim} spatial "
+               f"{'axes' if ndim > 1 else 'axis'} named, but {first} has {rank} "
+               f"({first}.shape={shape}); pass {fix}{name}={fmt!r}, which fits any number "
+               f"of spatial axes")
+        raise ValueError(msg)
 
 
 def split_data(op: str, name: str, shape: tuple[int, ...], channels_last: bool):

@@ -148,10 +148,20 @@ def _every_op() -> list[BadCall]:
                  r"^{op}: unknown auto_pad 'same'.*'none', 'same_upper', 'same_lower', 'valid'",
                  auto_pad="same"),
             _bad(fn, "data_format-unknown", ValueError,
-                 r"^{op}: unknown data_format 'NHWC'.*'NXC', 'NCX'", data_format="NHWC"),
+                 r"^{op}: unknown data_format 'NHCW'.*'NXC', 'NCX'.*NHWC.*NCHW.*NCDHW",
+                 data_format="NHCW"),
             _bad(fn, "weights_format-unknown", ValueError,
-                 r"^{op}: unknown weights_format 'HWIO'.*'XIO', 'OIX', 'IOX', 'XOI'",
-                 weights_format="HWIO"),
+                 r"^{op}: unknown weights_format 'OHWI'.*'XIO', 'OIX', 'IOX', 'XOI'.*"
+                 r"HWIO.*OIHW.*IOHW.*HWOI", weights_format="OHWI"),
+            # a common spelling names the spatial axes: as many as the data has
+            _bad(fn, "data_format-spelt-for-3d", ValueError,
+                 r"^{op}: data_format='NDHWC' is 'NXC' with 3 spatial axes named.*"
+                 rf"{first} has 2.*{first}\.shape=.*pass data_format='NHWC'.*"
+                 r"data_format='NXC', which fits any number", data_format="NDHWC"),
+            _bad(fn, "weights_format-spelt-for-1d", ValueError,
+                 r"^{op}: weights_format='oiw' is 'OIX' with 1 spatial axis named.*"
+                 rf"{first} has 2.*pass weights_format='OIHW'.*weights_format='OIX'",
+                 weights_format="oiw"),
             _bad(fn, "data-rank-too-small", ValueError,
                  rf"^{{op}}: {first} must have rank >= 3.*{first}\.shape=\(2, 3\).*"
                  rf"if {first} lacks its batch axis, add one.*\[N, X\.\., C\]",
@@ -491,8 +501,8 @@ def _aliases() -> list[BadCall]:
         calls.append(_bad(fn, "strides-zero", ValueError,
                           r"^{op}: strides must be positive.*strides=\(0, 0\)", strides=0))
         calls.append(_bad(fn, "filter_format-unknown", ValueError,
-                          r"^{op}: unknown weights_format 'OIHW'.*'XIO', 'OIX', 'IOX', 'XOI'",
-                          filter_format="OIHW"))
+                          r"^{op}: unknown weights_format 'OHWI'.*'XIO', 'OIX', 'IOX', 'XOI'",
+                          filter_format="OHWI"))
     return calls
 
 

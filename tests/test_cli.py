@@ -127,7 +127,7 @@ BAD = {
     "unknown auto_pad": (["shape", "Convolution", "--src", "1x5x5x2", "--weights", "3x3x2x4",
                           "--auto-pad", "middle"], "unknown auto_pad 'middle'"),
     "unknown data_format": (["shape", "Convolution", "--src", "1x5x5x2", "--weights",
-                             "3x3x2x4", "--data-format", "NHWC"], "unknown data_format"),
+                             "3x3x2x4", "--data-format", "NHCW"], "unknown data_format"),
     "output_padding >= stride": (["shape", "ConvTranspose", "--src", "1x5x5x2", "--weights",
                                   "3x3x4x2", "--strides", "2", "--output-padding", "2"],
                                  "output_padding must be in [0, stride)"),

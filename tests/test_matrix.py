@@ -119,6 +119,30 @@ def test_auto_pad_spellings(target, op, mode, spelling):
     check_case(target, case)
 
 
+def _spelt(fmt: str, rank: int, lower: bool) -> str:
+    """``fmt`` with its spatial axes named as PyTorch, TensorFlow and ONNX name them."""
+    spelt = fmt.replace("X", ("W", "HW", "DHW")[rank - 1])
+    return spelt.lower() if lower else spelt
+
+
+@pytest.mark.parametrize("op", MAIN_OPS)
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_layout_spellings(target, op, rank, data_format):
+    """NCHW, NDHWC, OIHW, HWIO, ... (any case) are spellings of NCX, NXC, OIX, XIO, ... on
+    data of as many spatial axes (docs/semantics.md#layouts)."""
+    weights_format = ("OIX", "XIO", "IOX", "XOI")[(rank + (data_format == "NCX")) % 4]
+    row = {**BUSY_ROW, "rank": rank, "data_format": data_format,
+           "weights_format": weights_format}
+    case = build_case(op, row, seed=13, label=f"{op}-{rank}-{data_format}")
+    lower = rank == 2
+    case.attrs = {**case.attrs, "data_format": _spelt(data_format, rank, lower),
+                  "weights_format": _spelt(weights_format, rank, lower)}
+    check_case(target, case)
+    assert polyconv.infer_shape(op, *case.shapes, *case.positional,
+                                **case.attrs).data_format == data_format
+
+
 # --------------------------------------------------------------------------------------------
 # details worth a case of their own
 # --------------------------------------------------------------------------------------------
