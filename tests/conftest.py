@@ -23,11 +23,10 @@ from oracle import numpy_dtype
 
 import polyconv
 
-# The JAX backend measures lowerings, and the numpy backend strategies, on first use unless
-# told not to: the tests take their deterministic default policies (tests/test_jax_choice.py
-# and tests/test_numpy_backend.py check the measuring itself).
+# The JAX backend measures lowerings on first use unless told not to: the tests take its
+# deterministic default policy (tests/test_jax_choice.py checks the measuring itself). The
+# numpy backend measures only under polyconv.autotune (tests/test_numpy_measure.py).
 os.environ.setdefault("POLYCONV_JAX_AUTOTUNE", "0")
-os.environ.setdefault("POLYCONV_NUMPY_AUTOTUNE", "0")
 
 ALL_DTYPES = ("float32", "float16", "bfloat16", "float64")
 

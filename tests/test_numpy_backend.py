@@ -1,15 +1,16 @@
 """The numpy backend's strategies, each forced, over the whole grid.
 
-The backend chooses per plan among ``gather`` (implicit GEMM on a phase grid), ``overlap``
-(one product for all taps, then overlap-add; forward and backward_data) and ``gather_b``
-(backward_weights), and routes non-finite inputs to its exact path (in-range windows only)
-unless the choice is ``overlap``. The shared matrix exercises the default choice; here every
-strategy of every primitive runs the same grid against the oracle, and NaN/Inf must come out
-of the exact and overlap strategies alike.
+The backend's records (``polyconv_numpy.STRATEGIES``) are chosen per plan by the core chooser:
+the cheapest by the cost model, unless one is forced (:func:`polyconv.implementation`); non-finite
+inputs take the exact path (in-range windows only) unless the choice is exact on them. The
+shared matrix exercises the default choice; here every strategy of every primitive runs the
+same grid against the oracle, and NaN/Inf must come out of the exact and overlap strategies
+alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -24,25 +25,35 @@ from polyconv.benchmarks.suite import CASES
 polyconv_numpy = pytest.importorskip("polyconv_numpy")
 
 
+def _forcing(spec: str | None = None, **per_primitive: str):
+    """:func:`polyconv.implementation` for numpy strategies: ``spec`` items and
+    ``primitive=name`` keywords, each for the numpy backend only."""
+    items = [f"numpy:{item.strip()}" for item in (spec or "").split(",") if item.strip()]
+    items += [f"numpy:{p}={n}" for p, n in per_primitive.items()]
+    return polyconv.implementation(",".join(items))
+
+
+def _choose(primitive: str, plan) -> str:
+    """The strategy a call of ``primitive`` on ``plan`` takes (measuring aside)."""
+    return polyconv_numpy.CHOOSER.choose(primitive, plan)
+
+
 #: every strategy of every primitive appears in one of these
 FORCED = {
     "exact": "exact",
     "gather": "gather",
     "overlap": "overlap,backward_weights=gather_b",
-    # depthwise channels-last plans; elsewhere gather
+    # depthwise channels-last plans; elsewhere the default pick (as for each below)
     "window": "window",
-    # strided backward_data whose phases fill one window (k2 s2, k4 s2); elsewhere gather
+    # strided backward_data whose phases fill one window (k2 s2, k4 s2)
     "subpixel": "subpixel",
-    # depthwise channels-first plans; elsewhere gather
+    # depthwise channels-first plans
     "planes": "planes",
-    # windows that do not overlap (kernel = stride, no dilation or padding before); elsewhere
-    # gather
+    # windows that do not overlap (kernel = stride, no dilation or padding before)
     "patches": "patches",
-    # blocks of s positions as rows (forward and backward_weights, ungrouped and undilated);
-    # elsewhere gather
+    # blocks of s positions as rows (forward and backward_weights, ungrouped and undilated)
     "space_to_depth": "space_to_depth",
-    # columns per image (forward and backward_weights, channels-first data, not depthwise);
-    # elsewhere gather
+    # columns per image (forward and backward_weights, channels-first data, not depthwise)
     "im2col": "im2col",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
@@ -66,7 +77,7 @@ def forced(request, monkeypatch):
         monkeypatch.setattr(_overlap, "CHANNELS_FIRST_BELOW", 0)
     if layout == "threads":
         _split_everything(monkeypatch)
-    with polyconv_numpy.strategy(FORCED[name]):
+    with _forcing(FORCED[name]):
         yield name
 
 
@@ -141,29 +152,50 @@ PLAN = polyconv.infer_shape("conv_transpose", (2, 8, 8, 16), (4, 4, 3, 16), stri
 
 
 def test_strategy_context_and_environment(monkeypatch):
-    choose = polyconv_numpy.choose
+    choose = _choose
     default = {p: choose(p, PLAN) for p in ("forward", "backward_data", "backward_weights")}
-    with polyconv_numpy.strategy("overlap"):
+    with _forcing("overlap"):
         assert choose("forward", PLAN) == choose("backward_data", PLAN) == "overlap"
         assert choose("backward_weights", PLAN) == default["backward_weights"]
-        with polyconv_numpy.strategy(backward_weights="gather_b", forward="gather"):
+        with _forcing(backward_weights="gather_b", forward="gather"):
             assert choose("backward_weights", PLAN) == "gather_b"
             assert choose("forward", PLAN) == "gather"
             assert choose("backward_data", PLAN) == "overlap"
         assert choose("forward", PLAN) == "overlap"
     assert {p: choose(p, PLAN) for p in default} == default
-    monkeypatch.setenv("POLYCONV_NUMPY_STRATEGY", "backward_data=gather, exact")
+    # the last item that names a primitive wins
+    monkeypatch.setenv("POLYCONV_IMPLEMENTATION", "numpy:exact, numpy:backward_data=gather")
     assert choose("backward_data", PLAN) == "gather"
     assert choose("forward", PLAN) == choose("backward_weights", PLAN) == "exact"
-    with polyconv_numpy.strategy(backward_data="overlap"):       # the context comes first
+    with _forcing(backward_data="overlap"):       # the context replaces the environment
         assert choose("backward_data", PLAN) == "overlap"
+        assert choose("forward", PLAN) == default["forward"]
 
 
-@pytest.mark.parametrize("spec,kw", [("col2im", {}), (None, {"forward": "gather_b"}),
-                                     (None, {"sideways": "gather"})])
-def test_unknown_strategy_is_refused(spec, kw):
-    with pytest.raises(ValueError, match="unknown strategy"), polyconv_numpy.strategy(spec, **kw):
+def test_a_forced_strategy_that_does_not_apply_leaves_the_default_pick():
+    # windows need one channel per group on channels-last data: PLAN is dense
+    assert not polyconv_numpy.CHOOSER.get("forward", "window").applies(PLAN)
+    with _forcing("window"):
+        assert _choose("forward", PLAN) == polyconv_numpy.CHOOSER.default("forward", PLAN)
+
+
+@pytest.mark.parametrize("spec,kw,match", [
+    ("col2im", {}, "no implementation 'numpy:col2im'"),
+    (None, {"forward": "gather_b"}, "no implementation 'numpy:forward=gather_b'"),
+    (None, {"sideways": "gather"}, "unknown primitive 'sideways'")])
+def test_unknown_strategy_is_refused(spec, kw, match):
+    with pytest.raises(ValueError, match=match), _forcing(spec, **kw):
         pass
+
+
+def test_an_unknown_strategy_in_the_environment_names_the_variable(monkeypatch):
+    # on every call (another thread may set it meanwhile), naming the variable and the names
+    monkeypatch.setenv("POLYCONV_IMPLEMENTATION", "numpy:col2im")
+    x, w = np.ones((1, 6, 6, 2), np.float32), np.ones((3, 3, 2, 2), np.float32)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"POLYCONV_IMPLEMENTATION: .*'numpy:col2im'.*"
+                                             r"numpy forward: gather, overlap"):
+            polyconv.convolution(x, w, weights_format="XIO")
 
 
 def test_cost_model_prefers_overlap_for_a_narrow_written_side():
@@ -172,8 +204,8 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
     narrow = polyconv.infer_shape("conv_transpose", (16, 32, 32, 64), (4, 4, 3, 64),
                                   strides=2, pads_begin=1, pads_end=1)
     wide = polyconv.infer_shape("conv_transpose", (8, 16, 16, 16), (3, 3, 128, 16), strides=2)
-    assert polyconv_numpy.choose("backward_data", narrow) == "overlap"
-    assert polyconv_numpy.choose("backward_data", wide) == "gather"
+    assert _choose("backward_data", narrow) == "overlap"
+    assert _choose("backward_data", wide) == "gather"
     for plan in (narrow, wide):
         for prim in ("forward", "backward_data", "backward_weights"):
             costs = polyconv_numpy.costs(prim, plan)
@@ -200,7 +232,7 @@ def test_cost_model_prices_a_strided_depthwise_backward_data_as_tap_sums(multipl
                                 pads_end=1, groups=64, weights_format="XOI")
     costs = polyconv_numpy.costs("backward_data", plan)
     assert "subpixel" not in costs
-    assert polyconv_numpy.choose("backward_data", plan) == (
+    assert _choose("backward_data", plan) == (
         "window" if multiplier == 1 else "gather")
     suite = polyconv.infer_shape("conv_transpose", (8, 32, 32, 64), (3, 3, 1, 64), strides=2,
                                  pads_begin=1, pads_end=1, output_padding=1, groups=64,
@@ -219,9 +251,9 @@ def test_cost_model_takes_the_exact_weight_gradient_for_small_images_of_wide_cha
     larger = plan((16, 8, 8, 256), (4, 4, 128, 256), strides=2, pads_begin=1, pads_end=1)
     resnet = polyconv.infer_shape("convolution", (4, 56, 56, 64), (3, 3, 64, 64), pads_begin=1,
                                   pads_end=1).with_(dtype="float32")
-    assert polyconv_numpy.choose("backward_weights", small) == "exact"
-    assert polyconv_numpy.choose("backward_weights", larger) == "gather"
-    assert polyconv_numpy.choose("backward_weights", resnet) != "exact"
+    assert _choose("backward_weights", small) == "exact"
+    assert _choose("backward_weights", larger) == "gather"
+    assert _choose("backward_weights", resnet) != "exact"
 
 
 @pytest.mark.parametrize("layout", ["NXC", "NCX"])
@@ -249,12 +281,12 @@ def test_depthwise_choice_and_memory(layout):
     # blocks of output lines over padded copies of what they read (no phase split at all):
     # the strided 3x3 forward 2.4x faster than the grid and 4x than the exact path, its
     # weight gradient 1.7x; the 7x7 forward 1.4x, but its weight gradient keeps the grid
-    assert polyconv_numpy.choose("forward", wide) == "window"
-    assert polyconv_numpy.choose("backward_weights", wide) == "window"
-    assert polyconv_numpy.choose("forward", big) == "window"
-    assert polyconv_numpy.choose("backward_weights", big) == "gather"
+    assert _choose("forward", wide) == "window"
+    assert _choose("backward_weights", wide) == "window"
+    assert _choose("forward", big) == "window"
+    assert _choose("backward_weights", big) == "gather"
     if layout == "NCX":       # by planes, in place: no change of layout (2.4x the grid's speed)
-        assert polyconv_numpy.choose("forward", plan) == "planes"
+        assert _choose("forward", plan) == "planes"
     import tracemalloc
 
     rng = np.random.default_rng(0)
@@ -321,12 +353,12 @@ def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, v
     else:
         x = _poisoned(rng, src, (1, 2, 3, 1), value)
     fn = getattr(polyconv, op)
-    with polyconv_numpy.strategy("exact"):
+    with _forcing("exact"):
         ref = fn(x, w, **attrs)
     if name == "default":
         y = fn(x, w, **attrs)
     else:
-        with polyconv_numpy.strategy(name):
+        with _forcing(name):
             y = fn(x, w, **attrs)
     assert not np.isfinite(ref).all() and np.isfinite(ref).any()
     np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
@@ -341,7 +373,7 @@ def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, v
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_finiteness_check_finds_any_nonfinite_value(dtype, value):
-    from polyconv_numpy import _finite
+    from polyconv_numpy._measuring import finite as _finite
 
     x = np.random.default_rng(8).standard_normal((3, 7, 5)).astype(numpy_dtype(dtype))
     assert _finite(x, x[:0])
@@ -381,14 +413,12 @@ def test_peak_memory_at_most_twice_inputs_and_output(monkeypatch, case, strategy
     # (tracemalloc sees every numpy buffer: a count, not a timing)
     import tracemalloc
 
-    from polyconv_numpy import _choice
-
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(numpy_dtype(case.dtype)) for s in case.shapes]
     fn = getattr(polyconv, case.op)
     spec = None if strategy in ("default", "measured") else FORCED[strategy]
-    monkeypatch.setattr(_choice, "_measurements", {})
-    with polyconv_numpy.strategy(spec), polyconv_numpy.autotune(strategy == "measured"):
+    polyconv_numpy.CHOOSER.forget()
+    with _forcing(spec), polyconv.autotune(strategy == "measured"):
         tracemalloc.start()
         try:
             y = fn(*arrays, *case.extra, **case.attrs)
@@ -414,7 +444,7 @@ def test_depthwise_tap_sums_match_the_oracle(op, channels, spatial, strides, mul
     attrs = dict(strides=strides, pads_begin=(1, 0), pads_end=(0, 1), groups=channels)
     if op == "conv_transpose":
         attrs["weights_format"] = "XOI"
-    with polyconv_numpy.strategy(forward="gather", backward_data="gather"):
+    with _forcing(forward="gather", backward_data="gather"):
         y = getattr(polyconv, op)(x, w, **attrs)
     ref = reference(op, x, w, **attrs)
     assert y.shape == ref.shape
@@ -456,7 +486,7 @@ def test_depthwise_weight_sums_split_over_threads_match_the_oracle(monkeypatch, 
     x = rng.standard_normal((2, 13, 11, 6)).astype(np.float32)
     dy = rng.standard_normal((2, 13, 11, 6 * multiplier)).astype(np.float32)
     attrs = dict(pads_begin=1, pads_end=1, groups=6)
-    with polyconv_numpy.strategy(backward_weights="gather"):
+    with _forcing(backward_weights="gather"):
         dw = polyconv.convolution_backward_weights(x, dy, (3, 3, 1, 6 * multiplier), **attrs)
     ref = reference("convolution_backward_weights", x, dy, weights_shape=(3, 3, 1, 6 * multiplier),
                     **attrs)
@@ -542,7 +572,7 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
     w = rng.standard_normal((ic, oc // groups, 2, 2)).astype(dt)
     bias = rng.standard_normal(oc).astype(dt)
     attrs = dict(geometry, groups=groups, data_format=layout, weights_format="IOX")
-    with polyconv_numpy.strategy(backward_data="overlap"):
+    with _forcing(backward_data="overlap"):
         y = polyconv.conv_transpose(x, w, bias, **attrs)
     ref = reference("conv_transpose", x, w, bias, **attrs)
     assert y.shape == ref.shape and y.dtype == dt
@@ -586,7 +616,7 @@ def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).with_(dtype=dtype)
     assert _window.applies(plan, "forward")
     g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
-    with polyconv_numpy.strategy("window"):
+    with _forcing("window"):
         y = polyconv.convolution(x, w, bias, **attrs)
         dw = polyconv.convolution_backward_weights(x, g, w.shape, **attrs)
         dx = polyconv.convolution_backward_data(g, w, x.shape, **attrs)
@@ -619,7 +649,7 @@ def test_channels_first_gather_by_blocks_matches_the_oracle(monkeypatch, op, spa
     x = rng.standard_normal((2, *spatial, 64)).astype(np.float32)
     w = rng.standard_normal((*kernel, 4, 64)).astype(np.float32)
     attrs = dict(attrs, groups=16)
-    with polyconv_numpy.strategy(forward="gather", backward_weights="gather"):
+    with _forcing(forward="gather", backward_weights="gather"):
         if op == "convolution":
             y = polyconv.convolution(x, w, **attrs)
             ref = reference(op, x, w, **attrs)
@@ -700,7 +730,7 @@ def test_overlap_in_blocks_of_several_rows_matches_the_oracle(layout, monkeypatc
     fplan = polyconv.infer_shape("convolution", x.shape, w.shape,
                                  **{**attrs, "weights_format": "OIX"})
     assert _overlap.product_row_bytes(fplan, "forward", 4) == 4 * 9 * 64 * 5 * 4
-    with polyconv_numpy.strategy(backward_data="overlap"):
+    with _forcing(backward_data="overlap"):
         y = polyconv.conv_transpose(x, w, **attrs)
     ref = reference("conv_transpose", x, w, **attrs)
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
@@ -738,7 +768,7 @@ def test_stride_one_channels_first_backward_data_matches_the_oracle(op, spatial,
         fwd = polyconv.infer_shape("convolution", (2, ca, *spatial), w.shape, **attrs)
         x = rng.standard_normal(fwd.shape).astype(np.float32)
         args, keywords = (x, w), {"dst_shape": (2, ca, *spatial)}
-    with polyconv_numpy.strategy(backward_data="gather"):
+    with _forcing(backward_data="gather"):
         y = getattr(polyconv, op)(*args, **keywords, **attrs)
     ref = reference(op, *args, **keywords, **attrs)
     assert y.shape == ref.shape
@@ -772,9 +802,10 @@ def test_subpixel_backward_data_matches_the_oracle(src, kernel, attrs, fmt, dtyp
         monkeypatch.setattr(_subpixel, "_BLOCK_BYTES", 1)
         monkeypatch.setattr(_subpixel, "split_rows", three_ranges)
     taken = []
-    real = _subpixel.backward_data
-    monkeypatch.setitem(polyconv_numpy._IMPLEMENTATIONS["backward_data"], "subpixel",
-                        lambda *args: taken.append(1) or real(*args))
+    record = polyconv_numpy.CHOOSER.get("backward_data", "subpixel")
+    monkeypatch.setitem(polyconv_numpy.CHOOSER._by_name, ("backward_data", "subpixel"),
+                        dataclasses.replace(record, run=lambda *args: taken.append(1)
+                                            or _subpixel.backward_data(*args)))
     rng = np.random.default_rng(37)
     groups, nd = attrs.get("groups", 1), len(kernel)
     shape = src if fmt == "NXC" else (src[0], src[-1], *src[1:-1])
@@ -784,7 +815,7 @@ def test_subpixel_backward_data_matches_the_oracle(src, kernel, attrs, fmt, dtyp
     attrs = {**attrs, "data_format": fmt, "weights_format": "IOX"}
     plan = polyconv.infer_shape("conv_transpose", x.shape, w.shape, **attrs)
     assert _subpixel.applies(plan) and nd == plan.ndim
-    with polyconv_numpy.strategy(backward_data="subpixel"):
+    with _forcing(backward_data="subpixel"):
         y = polyconv.conv_transpose(x, w, bias, **attrs)
     ref = reference("conv_transpose", x, w, bias, **attrs)
     assert y.shape == ref.shape and y.dtype == x.dtype
@@ -837,7 +868,7 @@ def _six_ops_within_bound(spec, dtype, x, w, g, bias, attrs, t_bias, t_attrs):
     and its two backward ops (``t_attrs``: its keywords for itself, its weight gradient and
     its input gradient), each against the float64 oracle."""
     t_op, t_weights, t_data = t_attrs
-    with polyconv_numpy.strategy(spec):
+    with _forcing(spec):
         got = [polyconv.convolution(x, w, bias, **attrs),
                polyconv.convolution_backward_data(g, w, x.shape, **attrs),
                polyconv.convolution_backward_weights(x, g, w.shape, **attrs),
@@ -863,9 +894,9 @@ def test_depthwise_planes_choice():
     ct = polyconv.infer_shape("conv_transpose", (4, 64, 64, 64), (64, 1, 4, 4), strides=2,
                               pads_begin=1, pads_end=1, groups=64, data_format="NCX",
                               weights_format="IOX")
-    with polyconv_numpy.autotune(False):
+    with polyconv.autotune(False):
         for primitive in ("forward", "backward_data", "backward_weights"):
-            assert polyconv_numpy.choose(primitive, ct) == "planes"
+            assert _choose(primitive, ct) == "planes"
     from polyconv_numpy import _planes
 
     last = polyconv.infer_shape("conv_transpose", (4, 64, 64, 64), (4, 4, 1, 64), strides=2,
@@ -926,10 +957,10 @@ def test_patches_choice():
                                weights_format="XIO")
     unet = polyconv.infer_shape("conv_transpose", (1, 16, 20, 24, 128), (2, 2, 2, 64, 128),
                                 strides=2, weights_format="XOI")
-    with polyconv_numpy.autotune(False):
+    with polyconv.autotune(False):
         for plan in (vit, unet):
             for primitive in ("forward", "backward_data", "backward_weights"):
-                assert polyconv_numpy.choose(primitive, plan) == "patches"
+                assert _choose(primitive, plan) == "patches"
     from polyconv_numpy import _patches
 
     for attrs in (dict(strides=2, pads_begin=1), dict(strides=2, dilations=2),
@@ -973,9 +1004,9 @@ def test_space_to_depth_choice():
                                weights_format="IOX")
     stem = polyconv.infer_shape("convolution", (4, 224, 224, 3), (7, 7, 3, 64), strides=2,
                                 pads_begin=3, pads_end=3, weights_format="XIO")
-    with polyconv_numpy.autotune(False):
+    with polyconv.autotune(False):
         for primitive in ("forward", "backward_weights"):
-            assert polyconv_numpy.choose(primitive, fcn) == "space_to_depth"
+            assert _choose(primitive, fcn) == "space_to_depth"
             assert "space_to_depth" not in polyconv_numpy.costs(primitive, stem)
     assert "space_to_depth" not in polyconv_numpy.costs("backward_data", fcn)
 
@@ -1023,7 +1054,7 @@ def _forward_and_weight_gradient_within_bound(name, rng, dtype, x, w, bias, attr
     """A convolution's forward and weight gradient with strategy ``name`` forced, against
     the oracle."""
     g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
-    with polyconv_numpy.strategy(name):
+    with _forcing(name):
         got = [polyconv.convolution(x, w, bias, **attrs),
                polyconv.convolution_backward_weights(x, g, w.shape, **attrs)]
     refs = [reference("convolution", x, w, bias, **attrs),
@@ -1045,10 +1076,10 @@ def test_im2col_choice():
                                 weights_format="XIO")
     depthwise = polyconv.infer_shape("convolution", (2, 8, 28, 28), (8, 1, 3, 3), groups=8,
                                      data_format="NCX", weights_format="OIX")
-    with polyconv_numpy.autotune(False):
+    with polyconv.autotune(False):
         for plan in (mnist, wav2vec):
             for primitive in ("forward", "backward_weights"):
-                assert polyconv_numpy.choose(primitive, plan) == "im2col"
+                assert _choose(primitive, plan) == "im2col"
             assert "im2col" not in polyconv_numpy.costs("backward_data", plan)
         for plan in (last, depthwise):
             for primitive in ("forward", "backward_data", "backward_weights"):
@@ -1074,7 +1105,7 @@ def test_im2col_memory_at_most_twice_inputs_and_output(dtype, src, weights, attr
     attrs = dict(attrs, data_format="NCX", weights_format="OIX")
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs)
     g = rng.standard_normal(plan.b_shape).astype(numpy_dtype(dtype))
-    with polyconv_numpy.strategy("im2col"):
+    with _forcing("im2col"):
         for call, inputs in ((lambda: polyconv.convolution(x, w, **attrs), (x, w)),
                              (lambda: polyconv.convolution_backward_weights(
                                  x, g, w.shape, **attrs), (x, g))):

@@ -1,10 +1,12 @@
 """polyconv's numpy backend: direct loops over kernel taps, matrix products over channels.
 
 Each of the three primitives of the canonical convolution
-(docs/semantics.md#canonical-convolution) has several fast strategies, chosen per plan by a cost
-model and, on a plan's first call, by timing the ones it puts near its pick (:mod:`._choice`;
-:func:`autotune` ``(False)`` or ``POLYCONV_NUMPY_AUTOTUNE=0`` keeps the model's pick; force
-one with :func:`strategy` or ``POLYCONV_NUMPY_STRATEGY``):
+(docs/semantics.md#canonical-convolution) has several strategies, each a record
+(:class:`._costs.Strategy`) declared beside its kernel and priced from the counts its kernel
+moves; the core chooser (:mod:`polyconv._choice`) picks the cheapest, or the one forced with
+:func:`polyconv.implementation` (``POLYCONV_IMPLEMENTATION="numpy:forward=overlap"``), or,
+when :func:`polyconv.autotune` is on, the fastest of those the model puts near its pick, timed
+on a plan's first call (:mod:`._measuring`). The strategies:
 
 * ``gather`` (:mod:`._fast`): implicit GEMM on a phase grid. Each block of output rows is one
   matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer. It
@@ -54,18 +56,15 @@ rounding to the output dtype (docs/numerics.md#error-bound), and only read their
 
 from __future__ import annotations
 
-import functools
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from polyconv import _malloc
+from polyconv._choice import Chooser
 from polyconv._geometry import ConvPlan
 
 from . import (
-    _choice,
     _exact,
     _fast,
     _im2col,
@@ -76,31 +75,33 @@ from . import (
     _subpixel,
     _window,
 )
-from ._choice import autotune, choose, measured_choices, strategy
-from ._costs import costs
+from ._measuring import MEASURE_TIE, Call, context
 
-__all__ = ["BACKEND", "NumpyBackend", "autotune", "choose", "costs", "measured_choices",
-           "strategy"]
+__all__ = ["BACKEND", "CHOOSER", "STRATEGIES", "NumpyBackend", "costs"]
+
+#: every strategy of every primitive, each primitive's plain one (the phase grid) first: a new
+#: strategy is its module and one line here
+STRATEGIES = (
+    *_fast.STRATEGIES,
+    *_overlap.STRATEGIES,
+    *_exact.STRATEGIES,
+    *_window.STRATEGIES,
+    *_subpixel.STRATEGIES,
+    *_planes.STRATEGIES,
+    *_patches.STRATEGIES,
+    *_space_to_depth.STRATEGIES,
+    *_im2col.STRATEGIES,
+)
+
+#: the numpy backend's chooser: the cheapest strategy by default; measured, the model's pick
+#: is kept unless another is faster by more than :data:`._measuring.MEASURE_TIE`
+CHOOSER = Chooser("numpy", STRATEGIES, ties=((None, MEASURE_TIE),), context=context)
 
 
-def _finite(*arrays: Any) -> bool:
-    """Whether every value is finite: one pass per array, no temporary array.
-
-    float32: the minimum and the maximum (NaN propagates through both, an infinity is one of
-    them; 3x faster than a float64 sum). Other dtypes: a float64 sum (numpy's min and max of
-    16-bit floats are 5-40x slower); a sum that overflows reports ``False`` too, which only
-    sends a call to the exact path.
-    """
-    with np.errstate(all="ignore"):
-        for x in arrays:
-            x = np.asarray(x).ravel()
-            if x.dtype == np.float32:
-                ends = (np.minimum.reduce(x), np.maximum.reduce(x)) if x.size else ()
-            else:
-                ends = (np.add.reduce(x, dtype=np.float64),)
-            if not all(np.isfinite(v) for v in ends):
-                return False
-    return True
+def costs(primitive: str, plan: ConvPlan) -> dict[str, float]:
+    """The cost model's estimate, in seconds, of each strategy it offers for a primitive on a
+    plan (a strategy it does not offer there still runs when forced)."""
+    return {n: c for n, c in CHOOSER.costs(primitive, plan).items() if c < float("inf")}
 
 
 class NumpyBackend:
@@ -118,34 +119,28 @@ class NumpyBackend:
     fast = True
 
     def _call(self, primitive: str, plan: ConvPlan, args: tuple, *checked: Any) -> np.ndarray:
-        """One call of a primitive on the strategy :func:`choose` gives, measured first on a
-        plan's first call (:func:`._choice.candidates`), except that an empty batch (no rows
-        to lay on a grid) and non-finite ``checked`` inputs on a grid strategy take the exact
-        path. The first call raises glibc's malloc thresholds (:mod:`polyconv._malloc`).
+        """One call of a primitive on the strategy :data:`CHOOSER` gives, except that an empty
+        batch (no rows to lay on a grid) and non-finite ``checked`` inputs on a strategy not
+        exact on them take the exact path. The first call raises glibc's malloc thresholds
+        (:mod:`polyconv._malloc`).
 
         NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
         warnings are silenced. The forward and backward_data check only ``w``: the grid adds
         only ``0 * w`` terms (padding, cropped rows), which a finite ``w`` keeps exact; the
         weight gradient checks both, where zero rows of ``b`` meet values of ``a`` and padding
-        zeros meet values of ``b``; a forward that may run ``space_to_depth`` checks ``a``
-        too, whose taps past the kernel are zeros that meet the data."""
+        zeros meet values of ``b``; a forward strategy whose zero taps meet the data checks
+        ``a`` too."""
         _malloc.tune()
-        impls = _IMPLEMENTATIONS[primitive]
+        exact = CHOOSER.get(primitive, "exact")
         with np.errstate(invalid="ignore"):
             if not self.fast or not plan.batch:
-                return impls["exact"](plan, *args)
-            name, names = _choice.plan_choice(primitive, plan)
-            name = _applicable(name, primitive, plan)
-            if primitive == "forward" and not _ZERO_TAPS_MEET_DATA.isdisjoint((name, *names)):
-                checked = (*checked, args[0])
-            if (names or name not in _EXACT_ON_NONFINITE) and not _finite(*checked):
-                return impls["exact"](plan, *args)
-            if names:
-                name = _choice.measure(primitive, plan, {
-                    n: functools.partial(_timed, impls[_applicable(n, primitive, plan)],
-                                         plan, args) for n in names})
-                name = _applicable(name, primitive, plan)
-            return impls[name](plan, *args)
+                return exact.run(plan, *args)
+            call = Call(CHOOSER, primitive, plan, args, checked)
+            impl = CHOOSER.get(primitive, CHOOSER.choose(primitive, plan,
+                                                         measure=call.measurement))
+            if not impl.exact_on_nonfinite and not call.finite(impl.zero_taps_meet_data):
+                impl = exact
+            return impl.run(plan, *args)
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
         return self._call("forward", plan, (a, w, bias), w)
@@ -155,55 +150,6 @@ class NumpyBackend:
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         return self._call("backward_weights", plan, (a, b), a, b)
-
-
-_IMPLEMENTATIONS: dict[str, dict[str, Callable[..., np.ndarray]]] = {
-    "forward": {"gather": _fast.forward, "overlap": _overlap.forward,
-                "exact": _exact.forward, "window": _window.forward, "planes": _planes.forward,
-                "patches": _patches.forward, "space_to_depth": _space_to_depth.forward,
-                "im2col": _im2col.forward},
-    "backward_data": {"gather": _fast.backward_data, "overlap": _overlap.backward_data,
-                      "exact": _exact.backward_data, "window": _window.backward_data,
-                      "subpixel": _subpixel.backward_data, "planes": _planes.backward_data,
-                      "patches": _patches.backward_data},
-    "backward_weights": {"gather": _fast.backward_weights,
-                         "gather_b": _fast.backward_weights_gather_b,
-                         "exact": _exact.backward_weights,
-                         "window": _window.backward_weights,
-                         "planes": _planes.backward_weights,
-                         "patches": _patches.backward_weights,
-                         "space_to_depth": _space_to_depth.backward_weights,
-                         "im2col": _im2col.backward_weights},
-}
-
-
-#: strategies whose sums hold only the definition's terms (no padding zeros meet a weight), so
-#: NaN and Inf propagate through them as through the exact path: non-finite inputs keep them
-_EXACT_ON_NONFINITE = ("exact", "overlap", "patches")
-#: strategies whose zero taps past the kernel meet the data in forward: a forward that may run
-#: one checks the data's finiteness as well as the weights'
-_ZERO_TAPS_MEET_DATA = frozenset({"space_to_depth"})
-
-#: the strategies that apply to some plans only (``applies(plan, primitive)``)
-_APPLIES: dict[str, Callable[[ConvPlan, str], bool]] = {
-    "window": _window.applies, "planes": _planes.applies, "patches": _patches.applies,
-    "space_to_depth": _space_to_depth.applies, "im2col": _im2col.applies,
-    "subpixel": lambda plan, primitive: _subpixel.applies(plan)}
-
-
-def _applicable(name: str, primitive: str, plan: ConvPlan) -> str:
-    """A strategy of :data:`_APPLIES` forced where it does not apply computes with
-    ``gather``."""
-    applies = _APPLIES.get(name)
-    return "gather" if applies is not None and not applies(plan, primitive) else name
-
-
-def _timed(fn: Callable[..., Any], plan: ConvPlan, args: tuple) -> float:
-    """Seconds one call of ``fn`` takes (its result is dropped: measuring holds no extra
-    output)."""
-    t0 = time.perf_counter()
-    fn(plan, *args)
-    return time.perf_counter() - t0
 
 
 BACKEND = NumpyBackend()

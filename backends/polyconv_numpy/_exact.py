@@ -9,6 +9,7 @@ path is tested against.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
 from ._common import add_bias, canonical_weights, channels_last, dtypes, to_user_layout
+from ._costs import CALL_S, Sizes, add, copy, gemm, gemm_long, sizes, strategy
+from ._window import as_forward
 
 
 def _taps(plan: ConvPlan):
@@ -123,3 +126,55 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     canon = np.moveaxis(dw, (nk, nk + 1, nk + 2), (0, 1, 2)).reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: per tap, a copy of its window, one product and an add ----------------------
+
+#: the per-tap products against the table's rates (fitted on the corpus's dense layers; other
+#: hosts favour them more, where measuring decides)
+EXACT_FACTOR = 2.0
+#: one channel per group, per element: each tap's window product (per row of ``b``, tap and
+#: channel) plus a loop per row of a strided window (per row of ``b`` and tap)
+DW_EXACT_TAP_S = 0.30e-9
+DW_EXACT_RUN_S = 2.87e-9
+
+
+def reads_in_place(plan: ConvPlan) -> bool:
+    """Whether :func:`channels_last` hands the data over without a copy (channels-last data in
+    the accumulation dtype): then the temporaries stay within the memory bound."""
+    return plan.channels_last and plan.dtype == plan.acc_dtype
+
+
+def estimate(primitive: str, plan: ConvPlan, z: Sizes | None = None) -> float:
+    """Ungrouped: per tap that meets the data, its windows copied channels-last and one
+    product over their ``m`` rows (forward: ``[m, Ca] x [Ca, Cb]`` added into ``b``;
+    backward_data: ``[m, Cb] x [Cb, Ca]`` added into ``a``; backward_weights:
+    ``[Cb, m] x [m, Ca]``). The cost model offers it for the weight gradient; measuring
+    times it for the other two."""
+    z = sizes(plan) if z is None else z
+    cost = (z.ma * z.ca + z.mb * z.cb) * z.layout * z.item
+    for _, b_index, _ in phases(plan).tap_windows:
+        m = plan.batch * math.prod(s.stop - s.start for s in b_index)
+        if primitive == "backward_weights":
+            cost += (z.item * (copy(m * z.ca, z.ca) + copy(m * z.cb, z.cb))
+                     + gemm_long(z.cb, m, z.ca))
+        else:
+            cin, cout = (z.ca, z.cb) if primitive == "forward" else (z.cb, z.ca)
+            cost += z.item * (copy(m * cin, cin) + add(m * cout, cout)) + gemm(m, cin, cout)
+        cost += CALL_S
+    return EXACT_FACTOR * cost
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
+        return _price("forward", adjoint, sizes(adjoint))
+    if z.cg == 1 and z.g > 1 and primitive != "backward_data" and reads_in_place(plan):
+        return z.item * (z.mb * z.t * z.cb * DW_EXACT_TAP_S + z.mb * z.t * DW_EXACT_RUN_S)
+    if primitive == "backward_weights" and z.g == 1:
+        return estimate(primitive, plan, z)
+    return math.inf
+
+
+STRATEGIES = tuple(strategy("exact", p, run, _price, exact_on_nonfinite=True)
+                   for p, run in (("forward", forward), ("backward_data", backward_data),
+                                  ("backward_weights", backward_weights)))

@@ -23,26 +23,25 @@ group (depthwise) is a sum of each phase's taps read as one strided view (:mod:`
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from polyconv._geometry import ConvPlan
-from polyconv._phases import phases
 
 from ._common import (
     add_bias,
     canonical_weights,
-    channels_last_view,
-    copy_channels_first,
     dtypes,
-    row_strides,
     split_products,
     to_user_layout,
     weights_matrix,
 )
+from ._costs import COPY_S, FILL_S, Sizes, copy, gemm, gemm_long, sizes, strategy
 from ._depthwise import groups, tap_sum, tap_weights
+from ._exact import reads_in_place
+from ._grid import Grid
+from ._window import as_forward
 
 _BLOCK_BYTES = 1 << 20   # target size of one gathered block of rows
 _GROUPED_BLOCK_BYTES = 1 << 21
@@ -52,126 +51,6 @@ _CHANNELS_FIRST_MAX = 8  # channels per group up to which backward_data runs cha
 #: ... and up to which it does for channels-first data without a stride (one phase)
 _CHANNELS_FIRST_STRIDE_ONE = 64
 _CHANNELS_FIRST_DATA = True  # forward, backward_weights: NCX data channels-first at any width
-
-
-class _Grid:
-    """Phase-grid geometry: grid sizes, and each tap's phase and row offset.
-
-    The phase numbers (each tap's phase and shift, each phase's in-range cells) are those of
-    :mod:`polyconv._phases`; the grid adds the flattening: ``P = max(cells, B + max shift)``
-    cells per axis, so that every tap's window of every row lies on the grid.
-    """
-
-    def __init__(self, plan: ConvPlan):
-        self.plan = plan
-        self.ph = ph = phases(plan)
-        self.p = tuple(max(ax.cells, ax.small + ax.max_shift) for ax in ph.axes)
-        self.rows = plan.batch * math.prod(self.p)
-        strides = row_strides(self.p)
-        #: (phase, row offset) per tap, taps in kernel row-major order
-        self.taps: list[tuple[tuple[int, ...], int]] = [
-            (tap.phase, sum(q * st for q, st in zip(tap.shift, strides)))
-            for tap in ph.taps]
-        self.ks = [tap.k for tap in ph.taps]     #: each tap's kernel index
-        self.margin = max(off for _, off in self.taps)
-        #: the phases some tap reaches, each with its taps' indices
-        self.phases: dict[tuple[int, ...], list[int]] = {r: list(ts) for r, ts in ph.by_phase}
-        #: the taps of the phase with the fewest. A loop over phases splits every phase over
-        #: threads or none, by this one: a phase left to BLAS's own threads leaves its workers
-        #: spinning into the next phase's threads (a 3x3 stride-2 layer's four phases gather
-        #: 1-4 taps: with only the 4-tap phase split, 1.55x slower than on one thread; its
-        #: grouped version 1.12x)
-        self.fewest_taps = min(len(ts) for _, ts in ph.by_phase)
-
-    def _window(self, phase: tuple[int, ...]):
-        """``(grid index, large-tensor index)`` of a phase's in-range cells, or ``None``."""
-        win = self.ph.phase_window(phase, self.p)
-        if win is None:
-            return None
-        full = slice(None)
-        return (full, *win[0], full), (full, *win[1], full)
-
-    def split(self, a: Any, acc: np.dtype) -> dict[tuple[int, ...], np.ndarray]:
-        """Phases of the padded large tensor: ``[rows + margin, Ca]`` each (zero tail)."""
-        return {phase: self.phase_rows(a, phase, acc) for phase in self.phases}
-
-    def phase_rows(self, a: Any, phase: tuple[int, ...], acc: np.dtype) -> np.ndarray:
-        """One phase of the padded large tensor: ``[rows + margin, Ca]`` (zero tail)."""
-        a_cl = channels_last_view(a, self.plan)
-        rows = np.zeros((self.rows + self.margin, a_cl.shape[-1]), dtype=acc)
-        win = self._window(phase)
-        if win is not None:
-            grid = rows[: self.rows].reshape(self.plan.batch, *self.p, -1)
-            grid[win[0]] = a_cl[win[1]]
-        return rows
-
-    def phase_rows_channels_first(self, a: Any, phase: tuple[int, ...],
-                                  acc: np.dtype) -> np.ndarray:
-        """:meth:`phase_rows`, transposed: ``[Ca, rows + margin]``."""
-        a_cl = channels_last_view(a, self.plan)
-        rows = np.zeros((a_cl.shape[-1], self.rows + self.margin), dtype=acc)
-        win = self.ph.phase_window(phase, self.p)
-        if win is not None:
-            grid = rows[:, : self.rows].reshape(-1, self.plan.batch, *self.p)
-            copy_channels_first(grid[(slice(None), slice(None), *win[0])],
-                                a_cl[(slice(None), *win[1])])
-        return rows
-
-    def output(self, channels: int, dtype: np.dtype, bias: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The large tensor in the user's layout and dtype, and its channels-last view.
-
-        Every cell belongs to one phase and is written once by :meth:`put`; only when some
-        phase has no tap are the cells filled first, with the bias (or zeros).
-        """
-        plan = self.plan
-        a_cl = (plan.batch, *plan.a_spatial, channels)
-        if plan.channels_last:
-            out = np.empty(a_cl, dtype=dtype)
-            out_cl = out
-        else:
-            out = np.empty((plan.batch, channels, *plan.a_spatial), dtype=dtype)
-            out_cl = np.moveaxis(out, 1, -1)
-        if len(self.phases) < math.prod(plan.strides):
-            out_cl[...] = 0 if bias is None else np.asarray(bias).astype(plan.acc_dtype)
-        return out, out_cl
-
-    def put(self, out_cl: np.ndarray, phase: tuple[int, ...], rows: np.ndarray, bias: Any,
-            channels_first: bool = False) -> None:
-        """Write one phase's rows (``[rows, C]``, or ``[C, rows]``), plus the bias, into the
-        output: the one rounding to the output dtype."""
-        plan, channels = self.plan, out_cl.shape[-1]
-        if channels_first:
-            grid = np.moveaxis(rows.reshape(channels, plan.batch, *self.p), 0, -1)
-        else:
-            grid = rows[: self.rows].reshape(plan.batch, *self.p, channels)
-        add_bias(grid, bias)
-        win = self._window(phase)
-        if win is not None:
-            out_cl[win[1]] = grid[win[0]]
-
-    def embed(self, b: Any, lead: int, acc: np.dtype) -> np.ndarray:
-        """The small tensor on the grid after ``lead`` zero rows: ``[lead + rows, Cb]``."""
-        b_cl = channels_last_view(b, self.plan)
-        rows = np.zeros((lead + self.rows, b_cl.shape[-1]), dtype=acc)
-        grid = rows[lead:].reshape(self.plan.batch, *self.p, -1)
-        grid[self.small_index] = b_cl
-        return rows
-
-    def embed_channels_first(self, b: Any, lead: int, acc: np.dtype) -> np.ndarray:
-        """:meth:`embed`, transposed: ``[Cb, lead + rows]``."""
-        b_cl = channels_last_view(b, self.plan)
-        rows = np.zeros((b_cl.shape[-1], lead + self.rows), dtype=acc)
-        grid = rows[:, lead:].reshape(-1, self.plan.batch, *self.p)
-        grid[(slice(None), *self.small_index[:-1])] = np.moveaxis(b_cl, -1, 0)
-        return rows
-
-    def crop(self, b_rows: np.ndarray) -> np.ndarray:
-        """The ``[N, B.., Cb]`` part of small-tensor rows on the grid."""
-        return b_rows.reshape(self.plan.batch, *self.p, -1)[self.small_index]
-
-    @property
-    def small_index(self):
-        return (slice(None), *(slice(0, b) for b in self.plan.b_spatial), slice(None))
 
 
 def _blocks(lo: int, hi: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES,
@@ -240,7 +119,7 @@ def _channels_first(ch: _Channels, plan: ConvPlan) -> bool:
 
 def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
-    grid, ch = _Grid(plan), _Channels(plan)
+    grid, ch = Grid(plan), _Channels(plan)
     w4 = ch.weights4(canonical_weights(w, plan, acc))            # [G, Og, Cg, T]
     if _channels_first(ch, plan):
         return _forward_channels_first(plan, grid, ch, w4, a, bias, out_dtype, acc)
@@ -287,7 +166,7 @@ def _gather_channels_first(sources, j0: int, j1: int, ch: _Channels, buf: np.nda
     return out.reshape(ch.g, -1, n)
 
 
-def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, a: Any,
+def _forward_channels_first(plan: ConvPlan, grid: Grid, ch: _Channels, w4: np.ndarray, a: Any,
                             bias: Any, out_dtype: np.dtype, acc: np.dtype) -> np.ndarray:
     """forward for few channels per group of ``a``: ``b[Cb, rows] = W[G, Og, T*Cg] @ [a_r(t)[Cg,
     rows + off_t] for t]``, per block of rows; the result is channels-first already."""
@@ -331,7 +210,7 @@ def _forward_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.n
 
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(b, plan)
-    grid, ch = _Grid(plan), _Channels(plan)
+    grid, ch = Grid(plan), _Channels(plan)
     w4 = ch.weights4(canonical_weights(w, plan, acc))            # [G, Og, Cg, T]
     out, out_cl = grid.output(plan.a_channels, out_dtype, bias)
     # one phase at a time, each written out before the next: little memory beyond the output
@@ -350,7 +229,7 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
     return out
 
 
-def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, acc: np.dtype):
+def _phases(plan: ConvPlan, grid: Grid, ch: _Channels, w4: np.ndarray, b: Any, acc: np.dtype):
     """backward_data per phase, channels-last: ``(phase, [rows, Ca])``."""
     lead = grid.margin
     b_rows = grid.embed(b, lead, acc)
@@ -373,7 +252,7 @@ def _phases(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any, 
         yield phase, rows
 
 
-def _phases_depthwise(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any,
+def _phases_depthwise(plan: ConvPlan, grid: Grid, ch: _Channels, w4: np.ndarray, b: Any,
                       acc: np.dtype):
     """backward_data per phase for one channel of ``a`` per group (depthwise, any channel
     multiplier): ``(phase, [rows, G])``, one tap sum over every output of a group and tap of
@@ -392,7 +271,7 @@ def _phases_depthwise(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray
         yield phase, rows
 
 
-def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.ndarray, b: Any,
+def _phases_channels_first(plan: ConvPlan, grid: Grid, ch: _Channels, w4: np.ndarray, b: Any,
                            acc: np.dtype):
     """backward_data per phase, channels-first, for few channels per group: ``(phase,
     [Ca, rows])``, per group and block of rows ``a_r[Cg, rows] = W_r[Cg, n*Og] @ [b[Og,
@@ -428,7 +307,7 @@ def _phases_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, w4: np.nd
 
 def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     out_dtype, acc = dtypes(a, plan)
-    grid, ch = _Grid(plan), _Channels(plan)
+    grid, ch = Grid(plan), _Channels(plan)
     if _channels_first(ch, plan):
         return _backward_weights_channels_first(plan, grid, ch, a, b, out_dtype, acc)
     phases = grid.split(a, acc)
@@ -465,7 +344,7 @@ def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     narrow side. One phase of ``a`` is laid out at a time.
     """
     out_dtype, acc = dtypes(a, plan)
-    grid, ch = _Grid(plan), _Channels(plan)
+    grid, ch = Grid(plan), _Channels(plan)
     if ch.depthwise:        # one input channel per group: the same per-tap products
         return backward_weights(plan, a, b)
     lead = grid.margin
@@ -492,7 +371,7 @@ def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
                                 dtype=out_dtype)
 
 
-def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels, a: Any, b: Any,
+def _backward_weights_channels_first(plan: ConvPlan, grid: Grid, ch: _Channels, a: Any, b: Any,
                                      out_dtype: np.dtype, acc: np.dtype) -> np.ndarray:
     """backward_weights for few channels per group of ``a``: ``dW[G, Og, T*Cg] += b[G, Og,
     rows] @ [a_r(t)[Cg, rows + off_t] for t]^T`` per block of rows."""
@@ -519,3 +398,54 @@ def _backward_weights_channels_first(plan: ConvPlan, grid: _Grid, ch: _Channels,
     canon = w4.reshape(plan.w_shape)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: the grid's price, from the counts its kernels move --------------------------
+
+#: one channel of ``a`` per group: the phase split (per value of ``a``) and the strided-view
+#: einsum sums (per grid row, tap and channel, on all CPUs) of :mod:`._depthwise`
+DW_SPLIT_S = 0.82e-9
+DW_GRID_TAP_S = 0.062e-9
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
+        return _price("forward", adjoint, sizes(adjoint))
+    depthwise = z.item * (z.ma * z.ca * DW_SPLIT_S + z.rows * z.t * z.cb * DW_GRID_TAP_S)
+    if z.cg == 1 and z.g > 1 and primitive == "backward_data":   # and a change of layout
+        return depthwise + z.item * (z.ma * z.ca + z.mb * z.cb) * z.layout
+    if z.cg == 1 and z.g > 1 and reads_in_place(plan):   # fitted against the exact path's
+        return depthwise
+    if primitive == "backward_data":
+        return (z.item * (z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout
+                          + copy(z.rows * z.t * z.cb, z.og) + copy(z.ma * z.ca, z.run_a)
+                          + z.ma * z.ca * z.layout)
+                + sum(z.g * gemm(z.rows, ts * z.og, z.cg) for ts in z.phases) + z.calls)
+    cf = _channels_first(_Channels(plan), plan)     # runs of rows, no change of layout
+    gathered = z.rows * z.t * z.ca * COPY_S if cf else copy(z.rows * z.t * z.ca, z.cg)
+    grid_layout = 0.0 if cf else z.layout
+    if primitive == "forward":
+        return (z.item * (z.split - z.ma * z.ca * (z.layout - grid_layout) + gathered
+                          + z.mb * z.cb * (2 * FILL_S + grid_layout))
+                + z.g * gemm(z.rows, z.t * z.cg, z.og) + z.calls)
+    return (_weights_common(z) - z.item * (z.ma * z.ca + z.mb * z.cb) * (z.layout - grid_layout)
+            + z.item * gathered + z.g * gemm_long(z.og, z.rows, z.t * z.cg) + z.calls)
+
+
+def _weights_common(z: Sizes) -> float:
+    return z.item * (z.split + z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout)
+
+
+def _price_gather_b(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    if z.cg == 1 and z.g > 1 and reads_in_place(plan):
+        return _price(primitive, plan, z)
+    return (_weights_common(z) + z.item * copy(z.rows * z.t * z.cb, z.og)
+            + sum(z.g * gemm_long(ts * z.og, z.rows, z.cg) for ts in z.phases) + z.calls)
+
+
+STRATEGIES = (
+    strategy("gather", "forward", forward, _price),
+    strategy("gather", "backward_data", backward_data, _price),
+    strategy("gather", "backward_weights", backward_weights, _price),
+    strategy("gather_b", "backward_weights", backward_weights_gather_b, _price_gather_b),
+)

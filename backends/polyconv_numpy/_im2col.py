@@ -36,6 +36,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 
 from ._common import canonical_weights, dtypes, in_range, split_products, threads
+from ._costs import CALL_S, FILL_S, Sizes, copy, gemm, gemm_long, strategy
 
 #: bytes of one block's columns (with its padded buffer, it stays in cache) ...
 _BLOCK_BYTES = 1 << 21
@@ -177,3 +178,31 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     canon = dw.reshape(plan.b_channels, plan.a_channels // g, *plan.kernel)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: the columns per block and one product per group -----------------------------
+
+#: its estimates weighed against its times: up, so that the model leaves the layers whose
+#: columns are much deeper than ``b`` is wide to the grid and to measuring
+IM2COL_FACTOR = 1.1
+IM2COL_GRAD_FACTOR = 1.4
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    """A zero-padded copy of the lines a block reads, each tap's window of it copied into the
+    columns (runs of ``b``'s last axis, strided where that axis is), and the products
+    ``[Og, Cg*T] x [Cg*T, L]`` per group, written into ``b`` in place (the weight gradient:
+    their long-contraction form)."""
+    cols = Columns(plan, np.dtype(plan.acc_dtype))
+    run = plan.b_spatial[-1] if plan.strides[-1] == 1 else 1
+    copies = z.item * (z.ma * z.ca * 2 * FILL_S + copy(z.mb * z.t * z.ca, run))
+    calls = len(cols.blocks) * (z.t + 3) * CALL_S
+    if primitive == "backward_weights":
+        product = z.g * gemm_long(z.og, z.mb, z.t * z.cg)
+        return IM2COL_GRAD_FACTOR * (copies + product + calls)
+    product = z.g * gemm(z.mb, z.t * z.cg, z.og) + z.item * z.mb * z.cb * FILL_S
+    return IM2COL_FACTOR * (copies + product + calls)
+
+
+STRATEGIES = (strategy("im2col", "forward", forward, _price, applies),
+              strategy("im2col", "backward_weights", backward_weights, _price, applies))

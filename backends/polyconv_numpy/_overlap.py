@@ -44,6 +44,8 @@ from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
 from ._common import add_bias, canonical_weights, channels_last_view, dtypes, weights_matrix
+from ._costs import CALL_S, FILL_S, TRANSPOSE_S, Sizes, add, copy, gemm, sizes, strategy
+from ._window import as_forward
 
 #: target size of one block of the product (``rows x T*C``); one buffer of it is reused by
 #: every block (a fresh multi-megabyte array pays a page fault per 4 KiB on first touch)
@@ -188,8 +190,13 @@ class _Weights:
 CHANNELS_FIRST_BELOW = 32
 
 
+def _channels_first(plan: ConvPlan) -> bool:
+    """Whether backward_data accumulates channels-first."""
+    return not plan.channels_last or plan.a_channels // plan.groups < CHANNELS_FIRST_BELOW
+
+
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
-    if not plan.channels_last or plan.a_channels // plan.groups < CHANNELS_FIRST_BELOW:
+    if _channels_first(plan):
         return backward_data_channels_first(plan, b, w, bias)
     return backward_data_channels_last(plan, b, w, bias)
 
@@ -407,3 +414,35 @@ def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
             view = acc_v[(slice(None), *b_index)]
             view += z[(slice(None), rows, *a_index[1:], slice(None), t)]
     return out
+
+
+# --- the records: one product, then an add per tap and block ---------------------------------
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
+        return _price("forward", adjoint, sizes(adjoint))
+    calls = z.t * CALL_S * plan_blocks(plan, primitive, 4 * z.item)
+    if primitive == "forward":
+        return (z.item * (z.ma * z.ca * (FILL_S + z.layout) + add(z.mb * z.t * z.cb, z.og, True)
+                          + z.mb * z.cb * (FILL_S + z.layout))
+                + z.g * gemm(z.ma, z.cg, z.t * z.og) + calls)
+    if not _channels_first(plan):
+        moves = (z.mb * z.cb * FILL_S + add(z.mb * z.t * z.ca, z.ca)
+                 + 2 * z.ma * z.ca * FILL_S)
+        return z.item * moves + z.g * gemm(z.mb, z.og, z.t * z.cg) + calls
+    last_b = plan.b_spatial[-1]
+    read = z.mb * z.cb * TRANSPOSE_S if plan.channels_last and z.g > 1 else 0.0
+    moves = (read + add(z.mb * z.t * z.ca, last_b)
+             + math.prod(plan.strides) * z.rows * z.ca * FILL_S
+             + copy(z.ma * z.ca, 1 if plan.strides[-1] > 1 else last_b)
+             + (z.ma * z.ca * TRANSPOSE_S if plan.channels_last else 0))
+    # one [T*Cg, Og] x [Og, columns] product per batch element (or block) and group
+    products = max(plan.batch, plan_blocks(plan, primitive, 4 * z.item))
+    return (z.item * moves + products * z.g * gemm(z.t * z.cg, z.og, z.mb / products)
+            + calls)
+
+
+STRATEGIES = (
+    strategy("overlap", "forward", forward, _price, exact_on_nonfinite=True),
+    strategy("overlap", "backward_data", backward_data, _price, exact_on_nonfinite=True),
+)

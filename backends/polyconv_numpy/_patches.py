@@ -29,6 +29,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 
 from ._common import canonical_weights, dtypes
+from ._costs import FILL_S, TRANSPOSE_S, Sizes, copy, gemm, gemm_long, strategy
 
 
 def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
@@ -151,3 +152,27 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         canon = dw.reshape(plan.b_channels, plan.a_channels, *k)
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: one copy of the windows and one product ------------------------------------
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    """``B*T*Ca`` values copied (channels-last in runs of a window's line) and one product
+    ``[N*B, T*Ca] x [T*Ca, Cb]`` (its transpose for backward_data, its long-contraction form
+    for the weight gradient)."""
+    values = z.mb * z.t * z.ca
+    # channels-first, the copy reads (or writes) one side with a stride of s values
+    # throughout: priced as a change of layout
+    per_value = (copy(values, plan.kernel[-1] * z.ca) if plan.channels_last
+                 else values * TRANSPOSE_S)
+    moved = z.item * (per_value + z.mb * z.cb * FILL_S)
+    if primitive == "backward_weights":
+        return moved + gemm_long(z.t * z.ca, z.mb, z.cb)
+    if primitive == "backward_data":
+        return moved + gemm(z.mb, z.cb, z.t * z.ca)
+    return moved + gemm(z.mb, z.t * z.ca, z.cb)
+
+
+STRATEGIES = tuple(strategy("patches", p, run, _price, applies, exact_on_nonfinite=True)
+                   for p, run in (("forward", forward), ("backward_data", backward_data),
+                                  ("backward_weights", backward_weights)))

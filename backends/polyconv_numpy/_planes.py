@@ -45,6 +45,7 @@ from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
 from ._common import canonical_weights, dtypes, row_strides, split_rows
+from ._costs import Sizes, strategy
 
 #: bytes of one block's buffers (phases or padded ``b``, sums, scratch). Large: numpy's calls
 #: release the GIL for one call's loop only, and two threads on calls of a few tens of
@@ -410,3 +411,20 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     canon = dw.T.reshape(plan.b_channels, 1, *plan.kernel)                  # [Cb, 1, K..]
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: a multiply-add per tap and value of ``b``, a move per value of ``a`` -------
+
+#: per element: each tap's multiply-add (or the weight gradient's dot) per value of ``b``, on
+#: all CPUs; the phase split or interleave per value of ``a``
+PLANES_TAP_S = 0.55e-9
+PLANES_MOVE_S = 0.4e-9
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    return z.item * (z.mb * z.t * z.cb * PLANES_TAP_S + z.ma * z.ca * PLANES_MOVE_S)
+
+
+STRATEGIES = tuple(strategy("planes", p, run, _price, applies)
+                   for p, run in (("forward", forward), ("backward_data", backward_data),
+                                  ("backward_weights", backward_weights)))

@@ -32,6 +32,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 
 from ._common import canonical_weights, dtypes, in_range, row_strides
+from ._costs import FILL_S, Sizes, add, copy, gemm, gemm_long, strategy
 
 
 def applies(plan: ConvPlan, primitive: str | None = None) -> bool:
@@ -154,3 +155,38 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     canon = full[(slice(None), slice(None), *(slice(0, k) for k in plan.kernel))]
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: the blocks' copy and ``ceil(K/s)^nd`` products ------------------------------
+
+#: its estimate against its time: its products' few output columns run below the table's
+#: rates, so it is weighed up and left to measuring where near
+SPACE_TO_DEPTH_FACTOR = 2.5
+#: offered only where a block holds this many values (``s^nd * Ca``): shallower blocks lost to
+#: the grid
+SPACE_TO_DEPTH_MIN_DEPTH = 64
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    """``a`` zero-padded and copied into blocks (channels-last in runs of a block's line,
+    channels-first with a strided side), then the products ``[rows, s^nd*Ca] x
+    [s^nd*Ca, Cb]`` over the blocks' rows, each added into ``b`` (the weight gradient: their
+    long-contraction form)."""
+    geo = Blocks(plan)
+    if geo.depth < SPACE_TO_DEPTH_MIN_DEPTH:
+        return math.inf
+    rows, depth, products = plan.batch * geo.per_image, geo.depth, len(geo.offsets)
+    values = rows * depth
+    run = plan.strides[-1] * z.ca if plan.channels_last else 1
+    cost = z.item * (values * FILL_S + copy(values, run) + rows * z.cb * FILL_S)
+    if primitive == "backward_weights":
+        return SPACE_TO_DEPTH_FACTOR * (cost + products * gemm_long(depth, rows, z.cb))
+    return SPACE_TO_DEPTH_FACTOR * (
+        cost + products * (gemm(rows, depth, z.cb) + z.item * add(rows * z.cb, z.cb)))
+
+
+#: its forward's zero taps past the kernel meet the data
+STRATEGIES = (
+    strategy("space_to_depth", "forward", forward, _price, applies, zero_taps_meet_data=True),
+    strategy("space_to_depth", "backward_weights", backward_weights, _price, applies),
+)

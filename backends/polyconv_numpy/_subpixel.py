@@ -32,6 +32,7 @@ from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
 from ._common import canonical_weights, channels_last_view, dtypes, split_rows
+from ._costs import CALL_S, FILL_S, Sizes, copy, gemm, strategy
 
 #: bytes of the product one block interleaves (it and its copy stay in cache)
 _BLOCK_BYTES = 1 << 19
@@ -124,3 +125,27 @@ def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarra
 
     split_rows(plan.batch * lines, work, min_rows=_SPLIT_BYTES // max(line_bytes, 1))
     return out
+
+
+# --- the record: the window taps' patches, one product, depth to space -----------------------
+
+#: its estimate (priced as the two whole copies it first made) doubled: so weighed, the model
+#: picks it where it wins by 2x and leaves it to measuring where it is near
+SUBPIXEL_FACTOR = 2.0
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    if z.cg == 1 and z.g > 1:
+        # one channel per group: the grid's tap sums are no product, which its product here
+        # (per group [rows, L] x [L, S]) does not beat
+        return math.inf
+    sp = math.prod(plan.strides)
+    window = z.t // sp
+    return SUBPIXEL_FACTOR * (
+        z.item * (copy(z.rows * window * z.cb, z.og) + copy(z.rows * sp * z.ca, z.cg)
+                  + z.ma * z.ca * (FILL_S + z.layout) + z.mb * z.cb * z.layout)
+        + z.g * gemm(z.rows, window * z.og, sp * z.cg) + (window + 8) * CALL_S)
+
+
+STRATEGIES = (strategy("subpixel", "backward_data", backward_data, _price,
+                       lambda plan, primitive: applies(plan)),)

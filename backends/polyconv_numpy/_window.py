@@ -35,6 +35,7 @@ from polyconv._phases import adjoint_phases
 
 from . import _depthwise
 from ._common import add_bias, canonical_weights, dtypes, in_range, split_rows, to_user_layout
+from ._costs import FILL_S, Sizes, sizes, strategy
 
 _BLOCK_BYTES = 1 << 18      # output values of one block (with its buffer, stays in cache)
 #: ... of one block of a strided backward_data's phase, summed tap by tap (:func:`_tap_sums`:
@@ -127,6 +128,15 @@ def applies(plan: ConvPlan, primitive: str) -> bool:
     del primitive       # every primitive
     return (plan.groups > 1 and plan.a_channels == plan.groups == plan.b_channels
             and plan.channels_last)
+
+
+def as_forward(plan: ConvPlan) -> ConvPlan | None:
+    """The forward plan an unstrided depthwise backward_data on channels-last data is: one
+    forward convolution of ``b`` (:func:`backward_data`), whichever strategy computes it, so
+    every strategy prices it as that forward; ``None`` for any other plan."""
+    if applies(plan, "backward_data") and all(s == 1 for s in plan.strides):
+        return adjoint_phases(plan)[0].plan
+    return None
 
 
 def _taps_by_channel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
@@ -230,3 +240,33 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
     canon = np.moveaxis(dw, -1, 0)[:, None]                  # [Cb, 1, K..]
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
+
+
+# --- the records: the windows' einsums per output value and tap, the padded copy -------------
+
+#: forward and backward_weights, per element: the einsum per output value and tap (on all
+#: CPUs), and the padded copy per input value
+WINDOW_TAP_S = 0.06e-9
+WINDOW_GRAD_TAP_S = 0.1e-9
+WINDOW_COPY_S = 0.34e-9
+#: a strided backward_data, phase by phase and tap by tap: a multiply and an add of runs of a
+#: line's positions and channels, per value of ``b`` and tap ...
+WINDOW_BD_TAP_S = 0.15e-9
+#: ... offered where a line of ``b`` holds this many values (shorter runs lose to the grid)
+WINDOW_BD_MIN_RUN = 4096
+
+
+def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
+    if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
+        return _price("forward", adjoint, sizes(adjoint))
+    if primitive == "backward_data":
+        if plan.b_spatial[-1] * z.cb < WINDOW_BD_MIN_RUN:
+            return math.inf
+        return z.item * (z.mb * z.t * z.cb * WINDOW_BD_TAP_S + z.ma * z.ca * FILL_S)
+    tap = WINDOW_TAP_S if primitive == "forward" else WINDOW_GRAD_TAP_S
+    return z.item * (z.mb * z.t * z.cb * tap + z.ma * z.ca * WINDOW_COPY_S)
+
+
+STRATEGIES = tuple(strategy("window", p, run, _price, applies)
+                   for p, run in (("forward", forward), ("backward_data", backward_data),
+                                  ("backward_weights", backward_weights)))
