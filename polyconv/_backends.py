@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
 from ._geometry import ConvPlan
+from ._hints import cast_hint, jax_wrapper_hint
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -225,7 +226,7 @@ def check_one_library(op: str, arrays: dict[str, Any]) -> str:
         described = ", ".join(f"{n}: {type(x).__module__}.{type(x).__qualname__}"
                               for n, x in arrays.items())
         msg = (f"{op}: all array inputs must come from one array library; got {described}. "
-               f"Convert them to one library first")
+               f"Convert them to one library first{jax_wrapper_hint(arrays)}")
         raise TypeError(msg)
     return distinct[0]
 
@@ -272,7 +273,7 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
     for name, x in arrays.items():
         if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
             msg = (f"{op}: {name} must be an array (numpy, JAX or array-API); got "
-                   f"{type(x).__name__}")
+                   f"{type(x).__name__}{jax_wrapper_hint({name: x})}")
             raise TypeError(msg)
     names = {name: dtype_name(x) for name, x in arrays.items()}
     bad = {n: d for n, d in names.items() if d not in FLOAT_DTYPES}
@@ -282,7 +283,8 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
         raise TypeError(msg)
     if len(set(names.values())) > 1:
         got = ", ".join(f"{n}.dtype={d}" for n, d in names.items())
-        msg = f"{op}: all inputs must share one floating dtype; got {got}"
+        msg = (f"{op}: all inputs must share one floating dtype; got {got}: "
+               f"{cast_hint(arrays, names)}")
         raise TypeError(msg)
     return next(iter(names.values()))
 

@@ -23,6 +23,7 @@ from ._cli_args import (
     UsageError,
     add_attr_options,
     add_shape_options,
+    as_flags,
     attrs_of,
     display_name,
     dtypes_arg,
@@ -177,7 +178,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return text.removeprefix("polyconv: ")
+    return as_flags(text.removeprefix("polyconv: "))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

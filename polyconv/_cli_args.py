@@ -4,6 +4,7 @@ attribute options, and the usage error."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any, NoReturn
 
 from ._optable import lookup, spec
@@ -16,6 +17,26 @@ DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 SHAPE_OPTIONS = ("src", "weights", "bias", "diff_dst", "weights_shape", "dst_shape")
 ATTR_OPTIONS = ("strides", "pads_begin", "pads_end", "dilations", "auto_pad",
                  "output_padding", "groups", "data_format", "weights_format")
+
+
+#: ``name=value`` in a message, for an attribute or shape the command takes as an option:
+#: a string value anywhere, any value in a suggestion (from ``pass`` to the clause's end)
+_NAMES = "|".join(ATTR_OPTIONS + SHAPE_OPTIONS)
+_STRING_KEYWORD = re.compile(rf"\b({_NAMES})=('[^']*')")
+_ANY_KEYWORD = re.compile(rf"\b({_NAMES})=('[^']*'|\([\d, ]*\)|-?\d+)")
+_SUGGESTION = re.compile(r"\bpass [^;:]*?(?=[;:]|\.\s|\.?$)")
+
+
+def as_flags(message: str) -> str:
+    """A library message in the command's language: ``data_format='NCX'`` becomes
+    ``--data-format NCX``; in a suggestion (``pass strides=(2, 1)``) numbers too
+    (``pass --strides 2,1``). Numbers that describe a call (``got groups=3``) stay."""
+    def flag(match: re.Match) -> str:
+        value = match.group(2).strip("'()").replace(" ", "")
+        return f"--{match.group(1).replace('_', '-')} {value}"
+
+    message = _SUGGESTION.sub(lambda m: _ANY_KEYWORD.sub(flag, m.group(0)), message)
+    return _STRING_KEYWORD.sub(flag, message)
 
 
 class UsageError(Exception):

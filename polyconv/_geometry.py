@@ -29,6 +29,7 @@ from ._attributes import (
     parse_pads,
     parse_shape,
 )
+from ._hints import output_padding_rewrite
 from ._layouts import AXIS_MEANING, layout_message, split_data, weights_meaning, weights_perm
 from ._optable import OpSpec
 from ._plan import ConvPlan
@@ -255,7 +256,9 @@ def _read_numbers(data: _Data, attrs: Attrs, auto_pad: str) -> _Numbers:
         raise ValueError(msg)
     if any(o >= s for o, s in zip(nums.output_padding, nums.strides)):
         msg = (f"{op}: output_padding must be in [0, stride) per axis; got "
-               f"output_padding={nums.output_padding}, strides={nums.strides}")
+               f"output_padding={nums.output_padding}, strides={nums.strides}; "
+               + output_padding_rewrite(nums.output_padding, nums.strides, nums.pads_end,
+                                        auto_pad))
         raise ValueError(msg)
     return nums
 

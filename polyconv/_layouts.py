@@ -103,19 +103,23 @@ def _channels_fit(family: Family, primitive: str, data: dict[str, tuple[int, ...
     return weights is None or (w_cb, w_ca) == (b, a // groups)
 
 
-def layout_message(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
-                 order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
-                 data_format: str, weights_format: str) -> str:
-    """How the data was read and, where other formats make the channels agree, which."""
-    channels_last = data_format == "NXC"
-    axis = len(data[order[0]]) - 1 if channels_last else 1
-    read = (f"the data is read as {data_format} "
-            f"({'[N, X.., C], channels last' if channels_last else '[N, C, X..], channels first'}"
-            f"{', the default' if channels_last else ''}), so its channels are "
-            f"{', '.join(f'{n}.shape[{axis}]={data[n][axis]}' for n in dict.fromkeys(order))}")
-    # The other data layout with its usual weights (the PyTorch user's NCX + OIX/IOX), the
-    # other data layout alone, then the other weights formats, the usual ones first.
-    other = "NCX" if channels_last else "NXC"
+def _kernel(weights: tuple[int, ...] | None, weights_format: str, ndim: int) -> int:
+    """The largest kernel size the weights have when read in ``weights_format`` (0 when only
+    the kernel sizes are known: they do not depend on the format)."""
+    if weights is None:
+        return 0
+    return max(weights[i] for i in _weights_axes(weights_format, ndim)["X"])
+
+
+def _fits(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
+          order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
+          data_format: str, weights_format: str) -> list[tuple[str, str]]:
+    """The other (data_format, weights_format) pairs that make the channels agree, the most
+    likely first: fewest attributes changed, then the smallest kernel (a 4x4 map's
+    ``[4, 4, 512, 256]`` weights fit ``XIO`` with a 4x4 kernel and, read channels-first,
+    ``IOX`` with a 512x256 one), then the usual pairs of each library. A pair whose kernel is
+    larger than the first's is dropped: it is rarely what was meant."""
+    other = "NCX" if data_format == "NXC" else "NXC"
     candidates = [(other, weights_format)]
     if weights is not None:
         def usual_first(fmt: str) -> list[str]:
@@ -125,16 +129,40 @@ def layout_message(family: Family, primitive: str, data: dict[str, tuple[int, ..
         candidates = [(other, _USUAL_WEIGHTS[family, other]), *candidates]
         candidates += [(data_format, f) for f in usual_first(data_format)]
         candidates += [(other, f) for f in usual_first(other)]
-    candidates = [c for c in dict.fromkeys(candidates) if c != (data_format, weights_format)]
-    for dfmt, wfmt in candidates:
-        if _channels_fit(family, primitive, data, order, weights, groups, dfmt, wfmt):
-            changes = []
-            if dfmt != data_format:
-                changes.append(f"data_format={dfmt!r}")
-            if wfmt != weights_format:
-                changes.append(f"weights_format={wfmt!r}")
-            torch = (" (channels-first data and PyTorch's weights layout)"
-                     if dfmt == "NCX" and wfmt == _USUAL_WEIGHTS[family, "NCX"] else "")
-            return (f"{read}. These shapes fit {', '.join(changes)}{torch}: if that is how "
-                    f"they are laid out, pass {' and '.join(changes)}")
-    return read
+    ndim = len(data[order[0]]) - 2
+    fits = [c for c in dict.fromkeys(candidates) if c != (data_format, weights_format)
+            and _channels_fit(family, primitive, data, order, weights, groups, *c)]
+    fits.sort(key=lambda c: ((c[0] != data_format) + (c[1] != weights_format),
+                             _kernel(weights, c[1], ndim)))
+    return [c for c in fits if _kernel(weights, c[1], ndim) <= _kernel(weights, fits[0][1], ndim)]
+
+
+def layout_message(family: Family, primitive: str, data: dict[str, tuple[int, ...]],
+                   order: tuple[str, str], weights: tuple[int, ...] | None, groups: int,
+                   data_format: str, weights_format: str) -> str:
+    """How the data was read and, where other formats make the channels agree, which (at
+    most two readings, the likeliest first; see :func:`_fits`)."""
+    channels_last = data_format == "NXC"
+    axis = len(data[order[0]]) - 1 if channels_last else 1
+    read = (f"the data is read as {data_format} "
+            f"({'[N, X.., C], channels last' if channels_last else '[N, C, X..], channels first'}"
+            f"{', the default' if channels_last else ''}), so its channels are "
+            f"{', '.join(f'{n}.shape[{axis}]={data[n][axis]}' for n in dict.fromkeys(order))}")
+
+    def reading(dfmt: str, wfmt: str) -> tuple[str, str]:
+        changes = [f"{name}={fmt!r}" for name, fmt, given in
+                   (("data_format", dfmt, data_format), ("weights_format", wfmt, weights_format))
+                   if fmt != given]
+        torch = (" (channels-first data and PyTorch's weights layout)"
+                 if dfmt == "NCX" and wfmt == _USUAL_WEIGHTS[family, "NCX"] else "")
+        return f"{', '.join(changes)}{torch}", " and ".join(changes)
+
+    fits = _fits(family, primitive, data, order, weights, groups, data_format, weights_format)
+    if not fits:
+        return read
+    fit, fix = reading(*fits[0])
+    msg = f"{read}. These shapes fit {fit}: if that is how they are laid out, pass {fix}"
+    if len(fits) > 1:
+        also, fix = reading(*fits[1])
+        msg += f"; they also fit {also}: then pass {fix}"
+    return msg

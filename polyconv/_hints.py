@@ -1,0 +1,67 @@
+"""The fixes that refusals name: how to rewrite an ``output_padding`` that another library
+accepts, how to cast inputs of two dtypes, how to pass a wrapper of a JAX array. Each
+returns the clause a message ends with (docs/semantics.md#validation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def output_padding_rewrite(output_padding: tuple[int, ...], strides: tuple[int, ...],
+                           pads_end: tuple[int, ...], auto_pad: str) -> str:
+    """How to say an ``output_padding >= stride`` (PyTorch allows up to ``max(stride,
+    dilation) - 1``) in polyconv: only ``pads_end - output_padding`` changes the values, so
+    the excess comes off both where ``pads_end`` has it (docs/porting.md); where it has not,
+    the positions past the products receive only the bias, and are appended after the call."""
+    if auto_pad != "none":
+        return ("polyconv (like oneDNN) needs output_padding < stride; with auto_pad the "
+                "pads are computed, so pass the pads explicitly (auto_pad='none') and see "
+                "the rewrite in the porting guide (docs/porting.md, PyTorch)")
+    excess = tuple(max(o - s + 1, 0) for o, s in zip(output_padding, strides))
+    if all(e <= p for e, p in zip(excess, pads_end)):
+        pe = tuple(p - e for p, e in zip(pads_end, excess))
+        op = tuple(o - e for o, e in zip(output_padding, excess))
+        return ("polyconv (like oneDNN) needs output_padding < stride, but only pads_end - "
+                "output_padding changes the result (docs/porting.md, PyTorch): for the same "
+                f"result pass pads_end={pe}, output_padding={op}")
+    op = tuple(o - e for o, e in zip(output_padding, excess))
+    return ("polyconv (like oneDNN) needs output_padding < stride, and pads_end="
+            f"{pads_end} has too little to take the excess {excess} from (only pads_end - "
+            "output_padding changes the result, docs/porting.md): pass "
+            f"output_padding={op} and append {excess} positions at the end of each spatial "
+            "axis of the result, holding the bias (zeros without one): they receive no product")
+
+
+def _cast(x: Any, name: str, to: str) -> str:
+    """The expression that casts input ``name`` to the dtype of input ``to``."""
+    if type(x).__module__.split(".", 1)[0] == "torch":
+        return f"{name}.to({to}.dtype)"
+    return f"{name}.astype({to}.dtype)"
+
+
+def cast_hint(arrays: dict[str, Any], dtypes: dict[str, str]) -> str:
+    """How to give every input one dtype: the weights and bias to the data's (the data is
+    the larger, and its dtype the one a layer computes in), or the data to the weights'."""
+    first = next(iter(arrays))
+    odd = [n for n, d in dtypes.items() if d != dtypes[first]]
+    other = odd[0]
+    to_data = ", ".join(_cast(arrays[n], n, first) for n in odd)
+    alike = " (and the others alike)" if len(dtypes) > 2 else ""
+    return (f"cast them to one dtype before the call: {to_data} to compute in "
+            f"{dtypes[first]}, or {_cast(arrays[first], first, other)}{alike} for "
+            f"{dtypes[other]}")
+
+
+def jax_wrapper_hint(arrays: dict[str, Any]) -> str:
+    """For inputs that are not arrays but convert to JAX arrays (``__jax_array__``: a Flax
+    ``nnx.Param``, an Equinox or other wrapper), how to pass the array itself; empty where
+    there are none."""
+    wrapped = [n for n, x in arrays.items() if hasattr(type(x), "__jax_array__")
+               and type(x).__module__.split(".", 1)[0] not in ("jax", "jaxlib")]
+    if not wrapped:
+        return ""
+    names = ", ".join(f"{n} ({type(arrays[n]).__module__}.{type(arrays[n]).__qualname__})"
+                      for n in wrapped)
+    return (f". {names} wraps a JAX array (it has __jax_array__, as a Flax nnx.Param "
+            f"has): pass the array, jnp.asarray({wrapped[0]}) (for an nnx.Param also "
+            f"{wrapped[0]}[...] or {wrapped[0]}.value)")
