@@ -55,6 +55,7 @@ __all__ = [
     "conv_transpose_backprop_filters",
     "conv_transpose_backward_data",
     "conv_transpose_backward_weights",
+    "convert_weights",
     "convolution",
     "convolution_backprop_data",
     "convolution_backprop_filters",
@@ -67,7 +68,8 @@ __all__ = [
 ]
 
 # compare() needs numpy; load it on first use so that ``import polyconv`` stays light.
-_LAZY = {"compare": "_compare", "Comparison": "_compare", "BackendResult": "_compare"}
+_LAZY = {"compare": "_compare", "Comparison": "_compare", "BackendResult": "_compare",
+         "convert_weights": "_weights"}
 
 
 def __getattr__(name: str):

@@ -143,6 +143,13 @@ GPU_TARGETS: tuple[Target, ...] = (
 )
 
 
+#: names of test groups that own their modules (``only_with_target``) without being a target
+#: of the matrix: ``frameworks`` runs the tests against other frameworks' runtimes (ONNX,
+#: OpenVINO, Keras, Flax...: tests/test_weights.py, tests/test_dialect_*.py), in the nox
+#: session of that name
+SESSION_GROUPS = ("frameworks",)
+
+
 def _cuda_available(library: str) -> bool:
     try:
         if library == "torch":
@@ -159,7 +166,7 @@ def _requested() -> set[str]:
 
 def pytest_configure(config):
     requested = _requested()
-    known = {t.name for t in TARGETS + GPU_TARGETS}
+    known = {t.name for t in TARGETS + GPU_TARGETS} | set(SESSION_GROUPS)
     unknown = requested - known
     if unknown:
         msg = (f"POLYCONV_TEST_BACKENDS names unknown targets {sorted(unknown)}; "

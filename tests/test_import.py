@@ -72,3 +72,19 @@ def test_import_and_a_call_work_without_docstrings():
                           text=True, env=env, cwd=ROOT, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(1, 4, 4, 1)"
+
+
+def test_converting_weights_imports_no_framework():
+    """``polyconv.convert_weights`` on numpy weights loads only what numpy needs: no jax,
+    torch, onnx, keras or flax (each framework is imported by the user, never by polyconv)."""
+    script = """
+import json, sys
+import numpy as np
+import polyconv
+w = polyconv.convert_weights(np.ones((4, 2, 3, 3)), "torch", "flax", family="conv_transpose")
+heavy = ("jax", "jaxlib", "torch", "onnx", "onnxruntime", "keras", "flax", "openvino")
+print(json.dumps({"shape": list(w.shape),
+                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] in heavy)}))
+"""
+    report = _run_fresh(script)
+    assert report == {"shape": [3, 3, 4, 2], "loaded": []}
