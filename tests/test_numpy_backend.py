@@ -1116,3 +1116,24 @@ def test_im2col_memory_at_most_twice_inputs_and_output(dtype, src, weights, attr
             finally:
                 tracemalloc.stop()
             assert peak <= 2 * (sum(a.nbytes for a in inputs) + y.nbytes)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 53 item 7: split_rows reads BLAS.threads(), the "
+                   "current limit, which another call's one-thread section lowers to 1 (the "
+                   "fix belongs in _common.py)")
+def test_a_result_does_not_depend_on_another_threads_blas_section(monkeypatch):
+    # the weight gradient sums its ranges' partial products: two ranges or one add in another
+    # order. Another call's loop holds the BLAS at one thread meanwhile (BLAS.one_thread, as
+    # in that call's thread); the result must be the serial one, bit for bit
+    from polyconv_numpy import _common
+    from threadpoolctl import threadpool_limits
+
+    monkeypatch.setattr(_common, "threads", lambda: 2)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 72, 48, 48), dtype=np.float32)
+    attrs = dict(data_format="NCX", weights_format="OIX", pads_begin=1, pads_end=1)
+    with threadpool_limits(2, user_api="blas"), _forcing(backward_weights="gather"):
+        serial = polyconv.convolution_backward_weights(x, x, (72, 72, 3, 3), **attrs)
+        with _common.BLAS.one_thread():
+            during = polyconv.convolution_backward_weights(x, x, (72, 72, 3, 3), **attrs)
+    np.testing.assert_array_equal(during, serial)
