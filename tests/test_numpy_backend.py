@@ -1118,9 +1118,6 @@ def test_im2col_memory_at_most_twice_inputs_and_output(dtype, src, weights, attr
             assert peak <= 2 * (sum(a.nbytes for a in inputs) + y.nbytes)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 53 item 7: split_rows reads BLAS.threads(), the "
-                   "current limit, which another call's one-thread section lowers to 1 (the "
-                   "fix belongs in _common.py)")
 def test_a_result_does_not_depend_on_another_threads_blas_section(monkeypatch):
     # the weight gradient sums its ranges' partial products: two ranges or one add in another
     # order. Another call's loop holds the BLAS at one thread meanwhile (BLAS.one_thread, as

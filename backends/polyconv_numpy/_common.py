@@ -216,9 +216,13 @@ class _Blas:
         return list(ThreadpoolController().select(user_api="blas").lib_controllers)
 
     def threads(self) -> int | None:
-        """The BLAS's current thread limit (the least of several), or ``None`` where no
-        BLAS library can be controlled: then loops that call it are not split."""
-        limits = [c.num_threads for c in self._controllers]
+        """The BLAS's configured thread limit (the least of several), or ``None`` where no
+        BLAS library can be controlled: then loops that call it are not split. While another
+        call's one-thread section holds it at one, the limit that section saved: a result
+        must not depend on what other threads run."""
+        with self._lock:
+            limits = ([n for _, n in self._saved] if self._users
+                      else [c.num_threads for c in self._controllers])
         return min(limits) if limits else None
 
     @contextlib.contextmanager
