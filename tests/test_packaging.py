@@ -113,3 +113,57 @@ def test_a_missing_backend_names_the_distribution(monkeypatch):
         _backends.get_backend("jax", "convolution")
     assert _named(str(info.value)) == [_normalise(DIST)], str(info.value)
     assert f"pip install '{DIST}[jax]'" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# the package index's page: what someone who found the project there reads
+# --------------------------------------------------------------------------------------------
+
+PROJECT = PYPROJECT["project"]
+
+
+def test_the_license_file_is_the_apache_text_the_metadata_names():
+    assert PROJECT["license"] == "Apache-2.0"
+    assert PROJECT["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX" in text
+
+
+def test_authors_classifiers_and_summary():
+    assert PROJECT["authors"] == [{"name": "polyconv developers"}]
+    classifiers = PROJECT["classifiers"]
+    assert "Development Status :: 3 - Alpha" in classifiers
+    low = int(re.fullmatch(r">=3\.(\d+)", PROJECT["requires-python"]).group(1))
+    versions = {int(c.rsplit(".", 1)[1]) for c in classifiers
+                if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    assert versions == set(range(low, 14)), versions
+    # the license is the SPDX expression (PEP 639): no classifier repeats it
+    assert not [c for c in classifiers if c.startswith("License ::")]
+    for library in ("numpy", "JAX", "PyTorch", "array-API"):
+        assert library in PROJECT["description"], library
+
+
+def test_no_placeholder_urls():
+    """Project URLs appear only when real: none that points nowhere."""
+    for url in PROJECT.get("urls", {}).values():
+        assert not re.search(r"example\.(com|org)|TODO|your-?(org|name)|<|>", url), url
+
+
+def test_the_changelog_has_this_version():
+    from polyconv import __version__
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert re.search(rf"^## {re.escape(__version__)}\b", text, re.M), __version__
+
+
+def test_the_long_description_makes_sense_on_the_index():
+    """README opens with the two commands CI reads, then says at once that they run from a
+    clone and how to install from the index."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text.split("```", 2)[2].removeprefix("\n").lstrip()   # after the bash block
+    first = after.split(". ")[0]
+    assert "clone" in first, first
+    head = "\n".join(text.splitlines()[:20])
+    assert f'pip install "{DIST}[jax,array-api]"' in head, head
