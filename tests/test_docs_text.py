@@ -1,0 +1,77 @@
+"""What the README and the user guide say about the code, checked against the code: the
+command's subcommands, which backend an array goes to, what the test matrix costs and how to
+run one session, and what a first call does (measuring is off unless turned on)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyconv
+from polyconv import _backends
+from polyconv._cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+GETTING_STARTED = (ROOT / "docs" / "getting_started.md").read_text(encoding="utf-8")
+NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    return [name for action in parser._subparsers._group_actions for name in action.choices]
+
+
+def test_the_cli_page_counts_and_shows_every_subcommand():
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    said = re.search(r"with (\w+)\s+subcommands", text)
+    assert said, "docs/cli.md says how many subcommands there are"
+    assert NUMBERS[said.group(1)] == len(_subcommands()), (said.group(0), _subcommands())
+    for name in _subcommands():
+        assert f"## `polyconv {name}`" in text, name
+
+
+def test_getting_started_sends_torch_tensors_to_the_torch_backend():
+    torch = pytest.importorskip("torch")
+    section = GETTING_STARTED.split("## Backends", 1)[1].split("\n## ", 1)[0]
+    said = re.search(r"PyTorch tensors on `(\w+)`", section)
+    assert said, "the Backends section says where PyTorch tensors go"
+    x = torch.zeros(1, 4, 4, 2)
+    assert _backends.infer_backend("convolution", {"src": x}) == said.group(1)
+    generic = re.search(r"anything\s+else(.*?)generic `array_api`", section, re.S)
+    assert generic and "PyTorch" not in generic.group(1), generic
+
+
+def test_readme_says_what_the_test_matrix_costs_and_how_to_run_one_session():
+    assert re.search(r"about 30 minutes on 2 CPUs", README)
+    assert 'nox -s "tests(numpy)"' in README
+    noxfile = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert '"numpy": (' in noxfile    # the session README names exists
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md"])
+def test_first_calls_are_explained_where_a_user_meets_the_backends(page):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    first = text[text.index("First calls"):][:1500]
+    for needed in ("polyconv.autotune()", "POLYCONV_AUTOTUNE=1", "polyconv.implementation(",
+                   "POLYCONV_IMPLEMENTATION"):
+        assert needed in first, (page, needed)
+    assert not re.search(r"first call measures|measures fastest", text), page
+
+
+def test_measuring_is_off_by_default_as_the_docs_say(monkeypatch):
+    """The docs' claim, against the code: nothing is measured unless asked."""
+    from polyconv import _choice
+
+    monkeypatch.delenv("POLYCONV_AUTOTUNE", raising=False)
+    assert not _choice.autotune_enabled()
+    with polyconv.autotune():
+        assert _choice.autotune_enabled()
+    monkeypatch.setenv("POLYCONV_AUTOTUNE", "1")
+    assert _choice.autotune_enabled()
+    x = np.ones((1, 4, 4, 2), np.float32)
+    assert polyconv.convolution(x, np.ones((3, 3, 2, 2), np.float32),
+                                backend="array_api").shape == (1, 2, 2, 2)
