@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._geometry import ConvPlan
 from ._hints import cast_hint, jax_wrapper_hint
+from ._limits import INDEX_LIMITS, IndexLimits
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -66,10 +67,15 @@ class BackendHooks:
     concretization_errors : tuple of exception types, default ()
         What the backend's library raises when a traced value is made concrete (JAX under
         ``jax.jit``): the op then says that geometry arguments must be static.
+    limits : IndexLimits, default 64-bit indexing
+        The largest numbers the backend can index: every stride, dilation, pad and size of a
+        call, each extent and tensor they imply, is checked against them before the backend
+        is called (docs/semantics.md#validation). torch declares 32-bit attributes.
     """
 
     libraries: tuple[str, ...] = ()
     concretization_errors: tuple[type[BaseException], ...] = ()
+    limits: IndexLimits = INDEX_LIMITS
 
     def describe(self) -> dict[str, Any]:
         """``{"versions": {distribution: version}, "devices": str}`` for ``polyconv
@@ -204,6 +210,11 @@ def get_backend(name: str, op: str = "polyconv") -> Backend:
         raise ValueError(msg)
     _LOADED[name] = backend
     return backend
+
+
+def backend_limits(backend: Backend) -> IndexLimits:
+    """What ``backend`` can index (its ``limits`` hook, else 64-bit indexing)."""
+    return getattr(backend, "limits", INDEX_LIMITS)
 
 
 def concretization_errors() -> tuple[type[BaseException], ...]:

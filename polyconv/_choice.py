@@ -339,12 +339,14 @@ def _write_cache(path: Path, choices: Mapping[str, str]) -> None:
 
 @dataclass
 class Measurement:
-    """What a backend gives the chooser to measure one plan: which candidates, how to time
-    them (``time(names) -> {name: seconds}``), and the key's part that the plan does not
-    give (precision, device kind, library versions)."""
+    """What a backend gives the chooser to measure one plan: which candidates, and how to time
+    them (``time(names) -> {name: seconds}``). With ``cached_only`` nothing is timed, and only
+    a choice measured before (this process, or the cache file) replaces the default pick:
+    for the processes of a multi-process run, which must all compile one program."""
 
     names: Sequence[str]
     time: Callable[[Sequence[str]], Mapping[str, float]]
+    cached_only: bool = False
 
 
 class Chooser:
@@ -448,6 +450,10 @@ class Chooser:
         return default
 
     def _key(self, primitive: str, plan: ConvPlan, key: str) -> str:
+        # a gradient computes an adjoint primitive on its op's plan: one key with the op
+        # that computes that primitive directly
+        if plan.primitive != primitive:
+            plan = plan.with_(primitive=primitive)
         return "|".join(filter(None, (self.backend, self.context(), primitive,
                                       plan.key, key)))
 
@@ -461,6 +467,10 @@ class Chooser:
             if known is not None:
                 self._log(primitive, plan, known, "measured before")
                 return known
+            if job.cached_only:
+                self._log(primitive, plan, default, "default (not measured before; not "
+                          "measuring here)")
+                return default
             log.info("polyconv: measuring %d %s implementations of %s for %s (once per "
                      "plan; polyconv.autotune(False) or POLYCONV_AUTOTUNE=0 turns it off)",
                      len(job.names), self.backend, primitive, _describe(plan))
@@ -501,6 +511,14 @@ class Chooser:
         """The choices measured so far (and read from the cache file), by key."""
         with self._lock:
             return dict(self._chosen)
+
+    def forget(self) -> None:
+        """Drop what was measured or read from the cache file (tests: a fresh process)."""
+        with self._lock:
+            self._chosen.clear()
+            self._times.clear()
+            self._loaded.clear()
+            self._measuring.clear()
 
     def _log(self, primitive: str, plan: ConvPlan, name: str | None, why: str) -> None:
         if log.isEnabledFor(logging.DEBUG):

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from ._backends import (
+    backend_limits,
     check_arrays,
     check_one_library,
     get_backend,
@@ -103,11 +104,11 @@ def _dispatch(spec: OpSpec, arguments: dict[str, Any]) -> tuple[str, ConvPlan, s
         backend = infer_backend(op, present)     # one array library, and its backend
     else:
         check_one_library(op, present)
-    get_backend(backend, op)                     # known and installed
+    limits = backend_limits(get_backend(backend, op))   # known and installed
     shapes = {name: tuple(x.shape) for name, x in present.items()}
     precision = arguments["precision"]
-    plan = resolve(spec, shapes, attrs, dst_shape=dst_shape,
-                   weights_shape=weights_shape).with_(dtype=dtype)
+    plan = resolve(spec, shapes, attrs, dst_shape=dst_shape, weights_shape=weights_shape,
+                   limits=limits).with_(dtype=dtype)
     if precision is not None:
         plan = plan.with_(precision=precision)
     check_precision(op, precision)

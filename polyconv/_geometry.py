@@ -12,7 +12,6 @@ Nothing in this module touches an array: it is pure Python on tuples of ints, so
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ._attributes import (
@@ -31,6 +30,7 @@ from ._attributes import (
 )
 from ._hints import output_padding_rewrite
 from ._layouts import AXIS_MEANING, layout_message, split_data, weights_meaning, weights_perm
+from ._limits import INDEX_LIMITS, IndexLimits, check_limits
 from ._optable import OpSpec
 from ._plan import ConvPlan
 
@@ -45,8 +45,8 @@ __all__ = ["AUTO_PADS", "DATA_FORMATS", "PRECISION_NAMES", "WEIGHTS_FORMATS", "A
 
 
 def _same_total_forward(a: int, s: int, ek: int) -> int:
-    """Rule F: total pad so that ``B = ceil(A / s)``."""
-    return max((math.ceil(a / s) - 1) * s + ek - a, 0)
+    """Rule F: total pad so that ``B = ceil(A / s)`` (integers only: exact at any size)."""
+    return max((-(-a // s) - 1) * s + ek - a, 0)
 
 
 def _same_total_transposed(s: int, ek: int) -> int:
@@ -180,13 +180,15 @@ class _Numbers:
 
 
 def resolve(spec: OpSpec, shapes: dict[str, tuple[int, ...] | None], attrs: Attrs,
-            *, dst_shape=None, weights_shape=None) -> ConvPlan:
+            *, dst_shape=None, weights_shape=None,
+            limits: IndexLimits = INDEX_LIMITS) -> ConvPlan:
     """Resolve one call of the op ``spec`` into a :class:`ConvPlan`.
 
     ``shapes`` holds the input shapes by argument name (``src``/``diff_dst``/``weights``/
     ``bias``), ``None`` for an absent optional input. The steps run in the order a reader
     checks a call: formats, data shapes and rank, numeric attributes, weights and channels,
-    spatial sizes and pads, bias. Each raises the op's own error for what it finds wrong.
+    spatial sizes and pads, bias, then every number of the plan against ``limits`` (those
+    of the backend that runs it). Each raises the op's own error for what it finds wrong.
     """
     op = spec.name
     data_format = parse_choice(op, "data_format", attrs.data_format, DATA_FORMATS)
@@ -202,7 +204,7 @@ def resolve(spec: OpSpec, shapes: dict[str, tuple[int, ...] | None], attrs: Attr
     bias = shapes.get("bias")
     if bias is not None:
         _check_bias(op, bias, b_channels if spec.primitive == "forward" else a_channels)
-    return ConvPlan(
+    plan = ConvPlan(
         op=op, primitive=spec.primitive, batch=data.batch(data.first), a_channels=a_channels,
         b_channels=b_channels, groups=nums.groups, a_spatial=a_sp, b_spatial=b_sp,
         kernel=kernel, strides=nums.strides, dilations=nums.dilations, pads_begin=pb,
@@ -210,6 +212,8 @@ def resolve(spec: OpSpec, shapes: dict[str, tuple[int, ...] | None], attrs: Attr
         weights_perm=weights_perm(weights_format, data.ndim, spec.family),
         data_format=data_format, weights_format=weights_format, has_bias=bias is not None,
     )
+    check_limits(plan, spec.large, spec.small, limits)
+    return plan
 
 
 def _read_data(spec: OpSpec, shapes, data_format: str) -> _Data:
@@ -469,7 +473,7 @@ def _check_dst_shape(op, a_sp, b_sp, strides, eks, pb, pe, auto_pad, small_name)
     bad = []
     for i, (a, b, s, ek, p0, p1) in enumerate(zip(a_sp, b_sp, strides, eks, pb, pe)):
         if auto_pad in ("same_upper", "same_lower"):
-            ok = math.ceil(a / s) == b
+            ok = -(-a // s) == b
             lo, hi = s * (b - 1) + 1, s * b
         else:
             ok = a + p0 + p1 >= ek and (a + p0 + p1 - ek) // s + 1 == b

@@ -23,10 +23,8 @@ from oracle import numpy_dtype
 
 import polyconv
 
-# The JAX backend measures lowerings on first use unless told not to: the tests take its
-# deterministic default policy (tests/test_jax_choice.py checks the measuring itself). The
-# numpy backend measures only under polyconv.autotune (tests/test_numpy_measure.py).
-os.environ.setdefault("POLYCONV_JAX_AUTOTUNE", "0")
+# Measuring is off by default on every backend: the tests take the deterministic default
+# picks (polyconv.autotune turns it on: tests/test_numpy_measure.py, tests/test_jax_choice.py).
 
 ALL_DTYPES = ("float32", "float16", "bfloat16", "float64")
 

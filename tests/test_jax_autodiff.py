@@ -21,7 +21,6 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from jax.test_util import check_grads  # noqa: E402
-from polyconv_jax import force_lowering  # noqa: E402
 
 import polyconv  # noqa: E402
 
@@ -110,7 +109,8 @@ def test_gradients_take_no_slow_path(op):
     plain lowering, which is one), so any found came from differentiating a lowering."""
     fn, args = _ops(np.random.default_rng(3), "NXC")[op]
     g = jnp.ones(fn(*args).shape)
-    with force_lowering(forward="direct", backward_data="phases", backward_weights="grouped"):
+    with polyconv.implementation(
+            "jax:forward=direct,jax:backward_data=phases,jax:backward_weights=grouped"):
         text = jax.jit(lambda *a: jax.vjp(fn, *a)[1](g)).lower(*args).as_text()
     assert not _slow_paths(text), _slow_paths(text)
 
@@ -141,7 +141,7 @@ def test_gradient_compiles_to_the_backward_ops_program(op, fmt, lowerings):
     from polyconv.benchmarks.jax_vs_lax import compiled_instructions
 
     grad, ops, args = _backward_ops(op, fmt, np.random.default_rng(6))
-    with force_lowering(**lowerings):
+    with polyconv.implementation(",".join(f"jax:{p}={n}" for p, n in lowerings.items())):
         mine = compiled_instructions(jax.jit(grad), args)
         by_hand = compiled_instructions(jax.jit(ops), args)
     # the products: XLA's convolutions and dots (on GPU, cuDNN's and cuBLAS's custom calls)

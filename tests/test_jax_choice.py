@@ -1,11 +1,14 @@
-"""How the JAX backend chooses a lowering: forced, measured (autotuning), or its policy."""
+"""How the JAX backend chooses a lowering through the core chooser: forced, measured (opt-in
+autotuning), or its policy."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from functools import partial
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,11 +18,13 @@ only_with_target("jax")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-import polyconv_jax  # noqa: E402
 from oracle import assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _choice  # noqa: E402
+from polyconv_jax import _choice, _grouped  # noqa: E402
 
 import polyconv  # noqa: E402
+from polyconv import _choice as core  # noqa: E402
+
+CHOOSER = _choice.CHOOSER
 
 ATTRS = {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1}
 
@@ -30,16 +35,38 @@ def _plan(dtype="float32", channels=(8, 4), **attrs):
                                 **{**ATTRS, **attrs}).with_(dtype=dtype)
 
 
+@contextlib.contextmanager
+def _on(platform: str):
+    """As if JAX computed on ``platform`` (the records' rules and the policy ask JAX)."""
+    with mock.patch.object(jax, "default_backend", lambda: platform):
+        yield
+
+
+def _candidates(primitive, plan, platform="cpu"):
+    with _on(platform):
+        return _choice.candidates(primitive, plan)
+
+
+def _policy(primitive, plan, platform="cpu"):
+    with _on(platform):
+        return CHOOSER.default(primitive, plan)
+
+
+def _applicable(primitive, plan, name, platform="cpu"):
+    with _on(platform):
+        return CHOOSER.get(primitive, name).applies(plan)
+
+
 @pytest.fixture
 def measuring(monkeypatch, tmp_path):
     """Autotuning on for every plan, with an empty in-process cache and no cache file."""
     monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 0)
-    monkeypatch.setattr(_choice, "_measurements", {})
-    monkeypatch.setattr(_choice, "_loaded_from", None)
-    monkeypatch.delenv(_choice.CACHE_ENV, raising=False)
+    monkeypatch.delenv(core.CACHE_ENV, raising=False)
+    CHOOSER.forget()
     jax.clear_caches()
-    with polyconv_jax.autotune(True):
+    with polyconv.autotune(True):
         yield tmp_path
+    CHOOSER.forget()
     jax.clear_caches()
 
 
@@ -70,8 +97,8 @@ def test_the_plain_lowering_is_always_measured(measuring, monkeypatch):
     assert _choice.choose("backward_data", _plan(), None) == "direct"
     for primitive in ("forward", "backward_weights"):
         plan = _plan().with_(primitive=primitive)
-        assert _choice.candidates(primitive, plan)[0] == _choice.policy(primitive, plan)
-        assert "direct" in _choice.candidates(primitive, plan)
+        assert _candidates(primitive, plan)[0] == _policy(primitive, plan)
+        assert "direct" in _candidates(primitive, plan)
 
 
 @pytest.mark.parametrize(("plain", "chosen"), [(1.09, "direct"), (1.11, "phases")])
@@ -80,7 +107,7 @@ def test_the_plain_lowering_wins_a_close_call(measuring, monkeypatch, plain, cho
     plain tie, 10%, to be chosen."""
     monkeypatch.setattr(_choice, "measure",
                         _fake_measure({"phases": 0.5, "direct": 0.5 * plain}, []))
-    assert _choice.policy("backward_data", _plan()) != "direct"
+    assert _policy("backward_data", _plan()) != "direct"
     assert _choice.choose("backward_data", _plan(), None) == chosen
 
 
@@ -88,12 +115,12 @@ def test_inexact_lowerings_are_never_candidates():
     """k3 s2: the sub-pixel window holds zero taps, so measuring never considers the
     lowerings that form it; k4 s2: it does not, and they are measured."""
     windowed = {"subpixel", "subpixel_matmul", "upsampled"}
-    assert not windowed & set(_choice.candidates("backward_data", _plan()))
+    assert not windowed & set(_candidates("backward_data", _plan()))
     k4 = polyconv.infer_shape("ConvTranspose", (2, 6, 5, 8), (4, 4, 4, 8), **ATTRS)
     assert {"subpixel", "subpixel_matmul"} <= set(
-        _choice.candidates("backward_data", k4.with_(dtype="float32")))
+        _candidates("backward_data", k4.with_(dtype="float32")))
     dw = polyconv.infer_shape("ConvTranspose", (2, 6, 5, 8), (4, 4, 1, 8), groups=8, **ATTRS)
-    assert "upsampled" in _choice.candidates("backward_data", dw.with_(dtype="float32"))
+    assert "upsampled" in _candidates("backward_data", dw.with_(dtype="float32"))
 
 
 @pytest.mark.parametrize("groups", [2, 32, 33, 144])
@@ -103,19 +130,17 @@ def test_per_group_lowerings_are_candidates_up_to_their_bound(groups, per_group)
     (144 groups: minutes), so it is neither measured nor chosen past its bound; every other
     candidate still is. The weight gradient of groups of at least 2 channels on both sides
     takes them in blocks there, at most that many (:func:`group_block`)."""
-    from polyconv_jax._backward_weights import group_block
-    from polyconv_jax._forward import GROUPED_MAX_GROUPS
-
+    group_block, GROUPED_MAX_GROUPS = _grouped.group_block, _grouped.GROUPED_MAX_GROUPS
     channels = per_group * groups
     plan = polyconv.infer_shape("Convolution", (2, 9, 9, channels),
                                 (3, 3, per_group, channels), strides=2, pads_begin=1,
                                 pads_end=1, groups=groups)
     for primitive in ("forward", "backward_data", "backward_weights"):
-        names = _choice.candidates(primitive, plan, platform="cpu")
+        names = _candidates(primitive, plan, "cpu")
         blocks = primitive == "backward_weights" and per_group == 2
         assert ("grouped" in names) == (groups <= GROUPED_MAX_GROUPS or blocks), (
             primitive, names)
-        assert _choice.policy(primitive, plan, platform="cpu") in names
+        assert _policy(primitive, plan, "cpu") in names
     block = group_block(plan)
     assert groups % block == 0 and groups // block <= GROUPED_MAX_GROUPS
     assert block == (1 if groups <= GROUPED_MAX_GROUPS else 3 if groups == 33 else 6)
@@ -137,13 +162,13 @@ def test_sliced_lowerings_are_measured_for_3d_plans(spatial, strides, measured):
     plan = polyconv.infer_shape("Convolution", (2, *spatial, 16), (*kernel, 16, 16),
                                 strides=strides, pads_begin=1, pads_end=1)
     for primitive in ("forward", "backward_data", "backward_weights"):
-        assert _choice.is_applicable(primitive, plan, "sliced")
-        names = _choice.candidates(primitive, plan, platform="cpu")
+        assert _applicable(primitive, plan, "sliced")
+        names = _candidates(primitive, plan, "cpu")
         assert ("sliced" in names) == (primitive in measured), (primitive, names)
         # the CPU policy takes them for ungrouped 3-D plans without a stride
-        chosen = _choice.policy(primitive, plan, "cpu")
+        chosen = _policy(primitive, plan, "cpu")
         assert (chosen == "sliced") == (len(spatial) == 3 and strides == 1), chosen
-        assert _choice.policy(primitive, plan, "gpu") != "sliced"
+        assert _policy(primitive, plan, "gpu") != "sliced"
 
 
 @pytest.mark.parametrize(("channels", "kernel", "dilations", "groups", "measured"), [
@@ -165,8 +190,8 @@ def test_taps_lowerings_are_measured_for_wide_products(channels, kernel, dilatio
                                 dilations=dilations, pads_begin=dilations * (kernel[0] // 2),
                                 pads_end=dilations * (kernel[0] // 2), groups=groups)
     for primitive in ("forward", "backward_data", "backward_weights"):
-        assert _choice.is_applicable(primitive, plan, "taps") == (groups == 1)
-        names = _choice.candidates(primitive, plan, platform="cpu")
+        assert _applicable(primitive, plan, "taps") == (groups == 1)
+        names = _candidates(primitive, plan, "cpu")
         assert ("taps" in names) == (primitive in measured), (primitive, names)
 
 
@@ -174,10 +199,10 @@ def test_small_and_float64_plans_take_the_policy(measuring, monkeypatch):
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({}, calls))
     monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 10**12)
-    assert _choice.choose("backward_data", _plan(), None) == _choice.policy(
+    assert _choice.choose("backward_data", _plan(), None) == _policy(
         "backward_data", _plan())
     monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 0)
-    assert _choice.choose("backward_data", _plan("float64"), None) == _choice.policy(
+    assert _choice.choose("backward_data", _plan("float64"), None) == _policy(
         "backward_data", _plan("float64"))
     assert calls == []
 
@@ -190,7 +215,7 @@ def test_a_per_group_problem_is_measured_when_all_the_groups_together_are_large(
     monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
     plan = _plan()
     monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 8 * plan.macs)
-    assert _choice.choose("backward_data", plan, None, repeats=4) == _choice.policy(
+    assert _choice.choose("backward_data", plan, None, repeats=4) == _policy(
         "backward_data", plan)
     assert calls == []
     assert _choice.choose("backward_data", plan, None, repeats=8) == "phases"
@@ -219,9 +244,9 @@ def test_a_grouped_candidate_measures_its_inner_problem_while_it_is_compiled(mea
         ref = reference("convolution_backward_weights", x.astype(np.float64),
                         g.astype(np.float64), weights_shape=w.shape, **attrs)
     assert_within_bound(np.asarray(got), ref.y, ref.abs_sum, ref.n, "float32")
-    inner = {key: times for key, times in _choice.measured_times().items()
-             if key.split("|")[3] == primitive and "groups=1," in key}
-    assert inner, (f"the inner problem of {primitive} was not measured", _choice.measured_times())
+    inner = {key: times for key, times in CHOOSER.measured().items()
+             if key.split("|")[2] == primitive and "groups=1," in key}
+    assert inner, (f"the inner problem of {primitive} was not measured", CHOOSER.measured())
     for times in inner.values():
         assert set(times) <= set(_choice.LOWERINGS[primitive])
         assert all(math.isfinite(t) for t in times.values()), times
@@ -230,39 +255,57 @@ def test_a_grouped_candidate_measures_its_inner_problem_while_it_is_compiled(mea
 def test_autotune_off_and_forcing_take_precedence(measuring, monkeypatch):
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
-    with polyconv_jax.autotune(False):
-        assert _choice.choose("backward_data", _plan(), None) == _choice.policy(
+    with polyconv.autotune(False):
+        assert _choice.choose("backward_data", _plan(), None) == _policy(
             "backward_data", _plan())
-    monkeypatch.setenv(_choice.AUTOTUNE_ENV, "0")
-    with polyconv_jax.force_lowering(backward_data="subpixel"):
+    monkeypatch.setenv(core.AUTOTUNE_ENV, "0")
+    with polyconv.implementation("jax:backward_data=subpixel"):
         assert _choice.choose("backward_data", _plan(), None) == "subpixel"
     assert calls == []
     # the settings are part of each primitive's jit cache key
-    with polyconv_jax.autotune(False):
-        off = _choice.settings()
-    with polyconv_jax.autotune(True):
-        assert _choice.settings() != off
+    with polyconv.autotune(False):
+        off = core.settings()
+    with polyconv.autotune(True):
+        assert core.settings() != off
 
 
 def test_the_cache_file(measuring, monkeypatch):
     path = measuring / "choices.json"
-    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    monkeypatch.setenv(core.CACHE_ENV, str(path))
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
     assert _choice.choose("backward_data", _plan(), None) == "phases"
     stored = json.loads(path.read_text())
-    assert list(stored.values()) == ["phases"]
+    assert list(stored["choices"].values()) == ["phases"]
     # a new process (an empty in-process cache) reads it instead of measuring
-    monkeypatch.setattr(_choice, "_measurements", {})
-    monkeypatch.setattr(_choice, "_loaded_from", None)
+    CHOOSER.forget()
     assert _choice.choose("backward_data", _plan(), None) == "phases"
     assert len(calls) == 1
-    # an unreadable file only costs a measurement
+    # an unreadable file is ignored with a warning and only costs a measurement
     path.write_text("not json")
-    monkeypatch.setattr(_choice, "_measurements", {})
-    monkeypatch.setattr(_choice, "_loaded_from", None)
-    assert _choice.choose("backward_data", _plan(), None) == "phases"
+    CHOOSER.forget()
+    with pytest.warns(UserWarning, match="not a polyconv autotune cache"):
+        assert _choice.choose("backward_data", _plan(), None) == "phases"
     assert len(calls) == 2
+
+
+def test_a_multi_process_run_only_reads_the_cache_file(measuring, monkeypatch):
+    """Every process must compile the same program: nothing is timed, a choice comes from the
+    cache file, else the policy."""
+    path = measuring / "choices.json"
+    monkeypatch.setenv(core.CACHE_ENV, str(path))
+    calls = []
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    plan = _plan()
+    assert _choice.choose("backward_data", plan, None) == _policy("backward_data", plan)
+    assert calls == []
+    monkeypatch.setattr(jax, "process_count", lambda: 1)
+    assert _choice.choose("backward_data", plan, None) == "phases"    # measured, stored
+    CHOOSER.forget()
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert _choice.choose("backward_data", plan, None) == "phases"
+    assert len(calls) == 1
 
 
 def test_measurements_are_kept_per_xla_options(measuring, monkeypatch):
@@ -282,14 +325,14 @@ def test_measurements_are_kept_per_xla_options(measuring, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     _choice.choose("backward_data", plan, None)
     assert len(calls) == 2
-    assert len(_choice.measured_choices()) == 2
+    assert len(CHOOSER.chosen()) == 2
 
 
 def test_measure_times_every_candidate_and_drops_slow_ones():
     """The real measurement on a small plan: every candidate compiles and runs; one whose
     first call is far slower than the best is timed once only."""
     plan = _plan()
-    names = _choice.candidates("backward_data", plan)
+    names = _candidates("backward_data", plan)
     calls = []
 
     def timer(fn, args):
@@ -350,7 +393,7 @@ def test_off_the_cpu_each_timed_call_is_several_queued_calls(monkeypatch, platfo
     """On an accelerator a small plan's single call is mostly dispatch: the measurement
     times queued calls there, one call at a time on the CPU."""
     plan = _plan()
-    names = _choice.candidates("backward_data", plan, "cpu")
+    names = _candidates("backward_data", plan, "cpu")
     queued = set()
 
     def fake_time(fn, args, calls=1):
@@ -373,7 +416,7 @@ def test_every_candidate_runs_once_before_its_first_timed_call(monkeypatch):
     candidate once, untimed, so that those costs never fall on a timed call (they used to
     fall on the first candidate, the policy's)."""
     plan = _plan()
-    names = _choice.candidates("backward_data", plan)
+    names = _candidates("backward_data", plan)
     runs: dict[str, int] = {}
     real = _choice._runnable
 
@@ -420,9 +463,9 @@ def test_measured_choice_under_jit_grad_and_vmap_matches_the_oracle(measuring):
     g = jax.jit(jax.vmap(jax.grad(lambda w, x: jnp.sum(
         polyconv.conv_transpose(x[None], w, **ATTRS))), in_axes=(None, 0)))(w, x)
     assert g.shape == (2, *w.shape)
-    chosen = _choice.measured_choices()
+    chosen = CHOOSER.chosen()
     assert chosen, "nothing was measured"
-    assert all(name in _choice.LOWERINGS[key.split("|")[3]] for key, name in chosen.items())
+    assert all(name in _choice.LOWERINGS[key.split("|")[2]] for key, name in chosen.items())
 
 
 def _conv_plan(kernel, strides, groups=1, src=(2, 9, 9, 8), oc=8):
@@ -452,8 +495,8 @@ def test_the_gpu_policy(plan, expected):
     """Without measuring, a GPU takes the rules measured on an H100 and an H200; every other
     platform but the CPU takes the plain lowering."""
     primitives = ("forward", "backward_data", "backward_weights")
-    assert tuple(_choice.policy(p, plan, "gpu") for p in primitives) == expected
-    assert all(_choice.policy(p, plan, "tpu") == "direct" for p in primitives)
+    assert tuple(_policy(p, plan, "gpu") for p in primitives) == expected
+    assert all(_policy(p, plan, "tpu") == "direct" for p in primitives)
 
 
 def test_no_candidate_that_xla_gpu_may_abort_compiling():
@@ -461,13 +504,13 @@ def test_no_candidate_that_xla_gpu_may_abort_compiling():
     slice fails a check and aborts the process) are measured on CPU, never on GPU."""
     plan = _conv_plan((1, 1), 3)
     for primitive in ("forward", "backward_weights"):
-        assert "patches_matmul" in _choice.candidates(primitive, plan, "cpu")
-        on_gpu = _choice.candidates(primitive, plan, "gpu")
+        assert "patches_matmul" in _candidates(primitive, plan, "cpu")
+        on_gpu = _candidates(primitive, plan, "gpu")
         assert "patches_matmul" not in on_gpu and "direct" in on_gpu
         # nor is it applicable there, which a forced lowering needs too
-        assert not _choice.is_applicable(primitive, plan, "patches_matmul", "gpu")
-        assert _choice.is_applicable(primitive, plan, "patches_matmul", "cpu")
-    assert "patches_matmul" in _choice.candidates("forward", _conv_plan((1, 1), 1), "gpu")
+        assert not _applicable(primitive, plan, "patches_matmul", "gpu")
+        assert _applicable(primitive, plan, "patches_matmul", "cpu")
+    assert "patches_matmul" in _candidates("forward", _conv_plan((1, 1), 1), "gpu")
 
 
 def test_folded_is_measured_for_ungrouped_plans_only_on_cpu():
@@ -475,11 +518,11 @@ def test_folded_is_measured_for_ungrouped_plans_only_on_cpu():
     for a depthwise weight gradient), so grouped plans do not measure them there; ungrouped
     ones do, and a forced one still computes a grouped plan (the lowering grid)."""
     for primitive in ("forward", "backward_weights"):
-        assert "folded" in _choice.candidates(primitive, _conv_plan((3, 3), 1), "cpu")
+        assert "folded" in _candidates(primitive, _conv_plan((3, 3), 1), "cpu")
         grouped = _conv_plan((3, 3), 1, groups=4)
-        assert "folded" not in _choice.candidates(primitive, grouped, "cpu")
-        assert _choice.is_applicable(primitive, grouped, "folded", "cpu")
-        assert "folded" in _choice.candidates(primitive, grouped, "gpu")
+        assert "folded" not in _candidates(primitive, grouped, "cpu")
+        assert _applicable(primitive, grouped, "folded", "cpu")
+        assert "folded" in _candidates(primitive, grouped, "gpu")
 
 
 def test_grouped_weight_gradients_measure_no_batch_grouped_convolution_on_cpu():
@@ -489,18 +532,18 @@ def test_grouped_weight_gradients_measure_no_batch_grouped_convolution_on_cpu():
     GPU, the plain lowering is measured."""
     for groups in (4, 8):                       # 2 channels per group on both sides, and 1
         plan = _conv_plan((3, 3), 1, groups=groups)
-        names = _choice.candidates("backward_weights", plan, "cpu")
+        names = _candidates("backward_weights", plan, "cpu")
         assert names and set(names) <= {"depthwise", "grouped"}
-        assert "direct" in _choice.candidates("backward_weights", plan, "gpu")
-        assert "direct" in _choice.candidates("forward", plan, "cpu")
+        assert "direct" in _candidates("backward_weights", plan, "gpu")
+        assert "direct" in _candidates("forward", plan, "cpu")
     # 40 groups (past grouped's 32) of 16 channels (past depthwise's 8): grouped in blocks
     wide = _conv_plan((3, 3), 1, groups=40, src=(2, 9, 9, 640), oc=640)
-    assert set(_choice.candidates("backward_weights", wide, "cpu")) == {"grouped"}
+    assert set(_candidates("backward_weights", wide, "cpu")) == {"grouped"}
     # ... of 1 input and 16 output channels (a multiplier past depthwise's 8, and too few
     # channels for blocks): the plain lowering
     narrow = _conv_plan((3, 3), 1, groups=40, src=(2, 9, 9, 40), oc=640)
-    assert "direct" in _choice.candidates("backward_weights", narrow, "cpu")
-    assert "direct" in _choice.candidates("backward_weights", _conv_plan((3, 3), 1), "cpu")
+    assert "direct" in _candidates("backward_weights", narrow, "cpu")
+    assert "direct" in _candidates("backward_weights", _conv_plan((3, 3), 1), "cpu")
 
 
 @pytest.mark.parametrize("nd", [1, 2, 3])
@@ -515,7 +558,7 @@ def test_folded_forward_is_measured_on_channels_first_data_with_three_axes_only_
                                     pads_end=1, data_format=fmt, weights_format="XIO")
 
     cf, cl = plan("NCX"), plan("NXC")
-    assert ("folded" in _choice.candidates("forward", cf, "cpu")) == (nd == 3)
-    assert "folded" in _choice.candidates("forward", cl, "cpu")
-    assert "folded" in _choice.candidates("backward_weights", cf, "cpu")
-    assert "folded" in _choice.candidates("forward", cf, "gpu")
+    assert ("folded" in _candidates("forward", cf, "cpu")) == (nd == 3)
+    assert "folded" in _candidates("forward", cl, "cpu")
+    assert "folded" in _candidates("backward_weights", cf, "cpu")
+    assert "folded" in _candidates("forward", cf, "gpu")

@@ -18,7 +18,6 @@ only_with_target("jax")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-import polyconv_jax  # noqa: E402
 from jax_grid import (  # noqa: E402
     _LAYOUTS,
     _bias_grad,
@@ -30,15 +29,33 @@ from jax_grid import (  # noqa: E402
 )
 from oracle import assert_within_bound, reference  # noqa: E402
 from polyconv_jax import (  # noqa: E402
-    _backward_data,
-    _backward_weights,
     _choice,
-    _forward,
+    _common,
+    _elementwise,
+    _grouped,
+    _patches,
+    _plain,
+    _policy,
     _sliced,
+    _subpixel,
     _xla,
 )
 
 import polyconv  # noqa: E402
+
+
+def _record_applies(primitive: str, plan, name: str) -> bool:
+    return _choice.CHOOSER.get(primitive, name).applies(plan)
+
+
+def _exact(plan, name: str) -> bool:
+    """Whether a backward_data lowering forms exactly the definition's products for ``plan``."""
+    return (_choice.CHOOSER.get("backward_data", name).exact_on_nonfinite
+            or _subpixel.subpixel_is_exact(plan))
+
+
+def _forced(**by_primitive: str):
+    return polyconv.implementation(",".join(f"jax:{p}={n}" for p, n in by_primitive.items()))
 
 pytestmark = pytest.mark.usefixtures("jax_x64")   # the comparisons here are in float64
 
@@ -174,11 +191,11 @@ def test_backward_data_lowering_matches_the_oracle(op, kernel, variant, groups, 
                                                    lowering):
     plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
     assert plan.primitive == "backward_data"
-    assert _backward_data.applicable(plan, lowering)
-    if lowering == "direct" and _backward_data.direct_aborts_xla_cpu(plan):
+    if lowering == "direct" and _plain.direct_aborts_xla_cpu(plan):
         pytest.skip("XLA CPU aborts compiling this lhs-dilated convolution (see "
                     "direct_aborts_xla_cpu); the other lowerings cover the geometry")
-    with polyconv_jax.force_lowering(backward_data=lowering):
+    assert _record_applies("backward_data", plan, lowering)
+    with _forced(backward_data=lowering):
         y = getattr(polyconv, op)(*(jnp.asarray(a) for a in arrays), **attrs)
     ref = reference(op, *arrays, **attrs)
     assert y.shape == ref.shape
@@ -215,8 +232,8 @@ def test_the_grid_covers_every_lowering_and_geometry_feature(primitive):
             features.add("asymmetric pads")
         features.add("depthwise" if plan.b_channels == plan.groups > 1 else
                      "groups" if plan.groups > 1 else "no groups")
-        if primitive != "backward_data":    # the windows of a (_forward.windows)
-            in_place = not _forward.reads_past_end(plan)
+        if primitive != "backward_data":    # the windows of a (_common.windows)
+            in_place = not _common.reads_past_end(plan)
             features.add("windows in place" if in_place else "padded copy")
             if in_place and any(-(-pb // s) >= bs for pb, s, bs in zip(
                     plan.pads_begin, plan.strides, plan.b_spatial)):   # the first tap's
@@ -247,7 +264,7 @@ def test_backward_data_lowering_low_precision(lowering, dtype):
     bias = random_array(rng, (8,), dtype)
     attrs = {"strides": 2, "pads_begin": (1, 0), "pads_end": (0, 1), "output_padding": 1,
              "groups": groups}
-    with polyconv_jax.force_lowering(backward_data=lowering):
+    with _forced(backward_data=lowering):
         y = polyconv.conv_transpose(jnp.asarray(x), jnp.asarray(w), jnp.asarray(bias), **attrs)
     assert y.dtype == np.dtype(x.dtype)
     ref = reference("conv_transpose", x, w, bias, **attrs)
@@ -281,7 +298,7 @@ def test_grad_and_vmap_through_each_backward_data_lowering(lowering, fmt):
                  polyconv.conv_transpose_backward_weights(x, cot, w.shape, **attrs),
                  _bias_grad(cot, fmt)))
 
-    with polyconv_jax.force_lowering(backward_data=lowering):
+    with _forced(backward_data=lowering):
         grads, ops = grads_and_ops(x, w, bias, cot)
         stacked = jnp.stack([x, 2.0 * x - 1.0, -x])
         mapped = jax.jit(jax.vmap(lambda x: polyconv.conv_transpose(x, w, bias, **attrs)))(
@@ -303,7 +320,7 @@ def _lhs_dilated(text: str) -> bool:
                for m in re.findall(r"lhs_dilate = \[([^\]]*)\]", text))
 
 
-def test_force_lowering_reaches_xla():
+def test_forcing_reaches_xla():
     """What each forced lowering traces to (and that the setting is scoped)."""
     rng = np.random.default_rng(14)
     x = jnp.asarray(rng.standard_normal((1, 4, 4, 4)), jnp.float32)
@@ -312,48 +329,48 @@ def test_force_lowering_reaches_xla():
     def hlo(groups, w=w):
         return _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2, groups=groups), x, w)
 
-    with polyconv_jax.force_lowering(backward_data="direct"):
+    with _forced(backward_data="direct"):
         (conv,) = _convolutions(hlo(2))
         assert "lhs_dilate = [2, 2]" in conv and _lhs_dilated(conv)
-    with polyconv_jax.force_lowering(backward_data="phases"):
+    with _forced(backward_data="phases"):
         convs = _convolutions(hlo(2))
         assert len(convs) == 4 and not _lhs_dilated(hlo(2))
-    with polyconv_jax.force_lowering(backward_data="subpixel"):
+    with _forced(backward_data="subpixel"):
         (conv,) = _convolutions(hlo(2))
         assert not _lhs_dilated(conv)
     for lowering in ("phases_matmul", "subpixel_matmul"):
-        with polyconv_jax.force_lowering(backward_data=lowering):
+        with _forced(backward_data=lowering):
             text = hlo(2)
             assert not _convolutions(text) and "stablehlo.dot_general" in text
-    with polyconv_jax.force_lowering(backward_data="phases_folded"):
+    with _forced(backward_data="phases_folded"):
         # one stride-1 convolution per phase of the second axis per phase of the first (2-D:
         # 1-D convolutions over the merged rows), none lhs-dilated, no matrix product
         text = hlo(2)
         convs = _convolutions(text)
         assert len(convs) == 4 and not _lhs_dilated(text) and "dot_general" not in text
         assert all("dim_numbers = [b, 0, f]x[i, o, 0]->[b, 0, f]" in c for c in convs)
-    with polyconv_jax.force_lowering(backward_data="grouped"):   # one product per group
+    with _forced(backward_data="grouped"):   # one product per group
         # (16 channels per group: with fewer, the policy takes elementwise loops per group)
         text = _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2, groups=2),
                     jnp.ones((1, 4, 4, 32), jnp.float32), jnp.ones((3, 3, 2, 32), jnp.float32))
         assert not _lhs_dilated(text)
         assert text.count("stablehlo.dot_general") + len(_convolutions(text)) >= 2
-    with polyconv_jax.force_lowering(backward_data="elementwise"):
+    with _forced(backward_data="elementwise"):
         text = hlo(2)
         assert not _convolutions(text) and "dot_general" not in text
         # not applicable (more than ELEMENTWISE_MAX_CHANNELS input channels per group): the
         # default choice instead
-        wide = _forward.ELEMENTWISE_MAX_CHANNELS + 1
+        wide = _elementwise.ELEMENTWISE_MAX_CHANNELS + 1
         text = _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2),
                     jnp.ones((1, 4, 4, wide), jnp.float32), jnp.ones((3, 3, 2, wide), jnp.float32))
         assert _convolutions(text) or "dot_general" in text
         assert not _lhs_dilated(text)
-    # an empty setting inside a forced one: the defaults again
-    with polyconv_jax.force_lowering(backward_data="direct"), polyconv_jax.force_lowering():
+    # a block's forcing adds to the enclosing one's, the inner item winning
+    with _forced(backward_data="direct"), _forced(backward_data="phases"):
         assert not _lhs_dilated(hlo(2))
 
 
-def test_force_lowering_from_the_environment(monkeypatch):
+def test_forcing_from_the_environment(monkeypatch):
     rng = np.random.default_rng(15)
     x = jnp.asarray(rng.standard_normal((1, 4, 4, 2)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((3, 3, 4, 2)), jnp.float32)
@@ -362,21 +379,22 @@ def test_force_lowering_from_the_environment(monkeypatch):
         return _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2), x, w)
 
     assert not _lhs_dilated(text())
-    monkeypatch.setenv(_choice.ENV_VAR, " backward_data = direct ")
+    monkeypatch.setenv("POLYCONV_IMPLEMENTATION", " jax: backward_data = direct ")
     assert _lhs_dilated(text())
-    monkeypatch.setenv(_choice.ENV_VAR, "backward_data=nonesuch")
-    with pytest.raises(ValueError, match="POLYCONV_JAX_LOWERING: unknown lowering "
-                                         "backward_data='nonesuch'"):
+    monkeypatch.setenv("POLYCONV_IMPLEMENTATION", "jax:backward_data=nonesuch")
+    with pytest.raises(ValueError, match="POLYCONV_IMPLEMENTATION: no implementation "
+                                         "'jax:backward_data=nonesuch'"):
         text()
-    with (pytest.raises(ValueError, match="force_lowering: unknown lowering forward='phases'"),
-          polyconv_jax.force_lowering(forward="phases")):
+    with (pytest.raises(ValueError, match="implementation: no implementation "
+                                          "'jax:forward=phases'"),
+          _forced(forward="phases")):
         pass
 
 
 def test_default_lowering_choice():
-    """The measured heuristic (see polyconv_jax._backward_data): no strided backward_data is left
+    """The measured heuristic (see polyconv_jax._policy): no strided backward_data is left
     to XLA's lhs-dilated convolution, no depthwise one to XLA's grouped convolution."""
-    choose = _backward_data.choose_backward_data
+    choose = _policy.choose_backward_data
 
     def plan(src, w, **attrs):
         return polyconv.infer_shape("ConvTranspose", src, w, **attrs)
@@ -427,7 +445,7 @@ def test_default_lowering_choice():
         op, kernel, variant, groups, nd, fmt, wfmt, _ = p.values
         grid_plan, _, _ = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
         choice = choose(grid_plan)
-        assert _backward_data.exact(grid_plan, choice)
+        assert _exact(grid_plan, choice)
         few_per_group = grid_plan.groups > 1 and grid_plan.b_channels // grid_plan.groups <= 4
         few = grid_plan.groups == 1 and grid_plan.b_channels <= 8 and (
             grid_plan.a_channels * grid_plan.b_channels <= 128)
@@ -471,8 +489,8 @@ def _bw_params():
 
 
 def test_default_forward_choice():
-    """The CPU policy for forward convolutions (see polyconv_jax._forward.choose_forward)."""
-    choose = _forward.choose_forward
+    """The CPU policy for forward convolutions (see polyconv_jax._policy.choose_forward)."""
+    choose = _policy.choose_forward
 
     def plan(src, w, **attrs):
         return polyconv.infer_shape("convolution", src, w, pads_begin=1, pads_end=1, **attrs)
@@ -496,8 +514,8 @@ def test_default_forward_choice():
 
 
 def test_default_backward_weights_choice():
-    """The CPU policy for weight gradients (see polyconv_jax._backward_weights)."""
-    choose = _backward_weights.choose_backward_weights
+    """The CPU policy for weight gradients (see polyconv_jax._policy)."""
+    choose = _policy.choose_backward_weights
 
     def plan(src, w, **attrs):
         return polyconv.infer_shape("convolution_backward_weights", src,
@@ -533,7 +551,7 @@ def test_default_backward_weights_choice():
                        groups=4)) == "grouped"
     # more pieces than a program should hold: not applicable
     big = plan((64, 64, 64, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)
-    assert not _backward_weights.weights_applicable(big, "bands")
+    assert not _record_applies("backward_weights", big, "bands")
     assert choose(big) == "direct"
 
 
@@ -558,7 +576,7 @@ def test_dot_lowerings_low_precision_both_layouts(dtype, nd, fmt):
              ("backward_weights", "patches_matmul", "conv_transpose_backward_weights",
               (x, dy), {"weights_shape": w.shape})]
     for primitive, lowering, op, args, extra in calls:
-        with polyconv_jax.force_lowering(**{primitive: lowering}):
+        with _forced(**{primitive: lowering}):
             y = getattr(polyconv, op)(*(jnp.asarray(a) for a in args), **extra, **attrs)
         assert y.dtype == np.dtype(x.dtype)
         ref = reference(op, *args, **extra, **attrs)
@@ -594,8 +612,8 @@ def test_forward_lowering_matches_the_oracle(op, kernel, variant, groups, nd, fm
     forward_op = _FORWARD_OP[op]
     fplan = polyconv.infer_shape(forward_op, large.shape, arrays[1].shape, **attrs)
     _assert_same_geometry(plan, fplan, "forward")
-    assert _forward.forward_applicable(fplan, lowering)
-    with polyconv_jax.force_lowering(forward=lowering):
+    assert _record_applies("forward", fplan, lowering)
+    with _forced(forward=lowering):
         y = getattr(polyconv, forward_op)(jnp.asarray(large), jnp.asarray(arrays[1]), **attrs)
     ref = reference(forward_op, large, arrays[1], **attrs)
     assert y.shape == ref.shape
@@ -620,7 +638,7 @@ _REGIONS = (
 @pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
 def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, channels,
                                                    monkeypatch):
-    """The elementwise forward by regions of output rows (:func:`_forward.by_regions`), and
+    """The elementwise forward by regions of output rows (:func:`_elementwise.by_regions`), and
     the stride-1 elementwise backward_data through it (a ConvTranspose, as the forward
     convolution of its flipped, transposed kernel): the oracle's values, and a NaN or
     infinity in src reaching exactly the outputs that read it; depthwise (3 groups of 1) and
@@ -631,8 +649,8 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
     rng = np.random.default_rng(29)
     jax.clear_caches()                  # the regions are taken when a program is traced
     calls = []
-    monkeypatch.setattr(_forward, "by_regions",
-                        lambda *args, by=_forward.by_regions: calls.append(1) or by(*args))
+    monkeypatch.setattr(_elementwise, "by_regions",
+                        lambda *args, by=_elementwise.by_regions: calls.append(1) or by(*args))
     # conv_transpose: IOX weights [IC, OC/G, K..], its IC is the channels of its src
     attrs = {**attrs, "groups": 3, "data_format": "NXC",
              "weights_format": "OIX" if op == "convolution" else "IOX"}
@@ -641,7 +659,7 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
                     else (6, channels // 3, *kernel))
     primitive = "forward" if op == "convolution" else "backward_data"
     ref = reference(op, x, w, **attrs)
-    with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
+    with _forced(**{primitive: "elementwise"}):
         y = getattr(polyconv, op)(jnp.asarray(x), jnp.asarray(w), **attrs)
     # strided convolutions keep the whole output; a ConvTranspose whose pads are wider than
     # its kernel computes by phases
@@ -656,7 +674,7 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
         for value in (np.nan, np.inf):
             poisoned = x.copy()
             poisoned[corner] = value
-            with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
+            with _forced(**{primitive: "elementwise"}):
                 y = np.asarray(getattr(polyconv, op)(jnp.asarray(poisoned), jnp.asarray(w),
                                                      **attrs))
             assert np.array_equal(~np.isfinite(y), hit), (corner, value)
@@ -664,7 +682,7 @@ def test_elementwise_by_regions_matches_the_oracle(op, spatial, kernel, attrs, c
 
 @pytest.mark.parametrize(("spatial", "kernel", "attrs"), _REGIONS)
 def test_by_regions_computes_any_geometry(spatial, kernel, attrs):
-    """:func:`_forward.by_regions` itself, strided geometries included (which the default
+    """:func:`_elementwise.by_regions` itself, strided geometries included (which the default
     lowering computes whole): the oracle's values."""
     from functools import partial
 
@@ -673,8 +691,8 @@ def test_by_regions_computes_any_geometry(spatial, kernel, attrs):
     x = rng.uniform(-1, 1, (2, *spatial, 3))
     w = rng.uniform(-1, 1, (6, 1, *kernel))
     plan = polyconv.infer_shape("Convolution", x.shape, w.shape, **attrs).with_(dtype="float64")
-    terms = partial(_forward._elementwise_terms, precision=None, w=jnp.asarray(w))
-    y = jax.jit(lambda a: _forward.by_regions(plan, a, terms))(jnp.asarray(x))
+    terms = partial(_elementwise._elementwise_terms, precision=None, w=jnp.asarray(w))
+    y = jax.jit(lambda a: _elementwise.by_regions(plan, a, terms))(jnp.asarray(x))
     ref = reference("convolution", x, w, **attrs)
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
 
@@ -695,7 +713,7 @@ def test_forward_lowering_low_precision(lowering, fmt, dtype):
     x = random_array(rng, (2, 7, 9, 4) if fmt == "NXC" else (2, 4, 7, 9), dtype)
     w = random_array(rng, (6, 4 // groups, 3, 3), dtype)
     bias = random_array(rng, (6,), dtype)
-    with polyconv_jax.force_lowering(forward=lowering):
+    with _forced(forward=lowering):
         y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), jnp.asarray(bias), **attrs)
     assert y.dtype == np.dtype(x.dtype)
     ref = reference("convolution", x, w, bias, **attrs)
@@ -708,7 +726,7 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
                                                       lowering, monkeypatch, request):
     # runs of a few output positions, so that ``bands`` cuts the grid's small images into
     # several runs of rows, pads inside some and not others
-    monkeypatch.setattr(_backward_weights, "BAND_POSITIONS", 5)
+    monkeypatch.setattr(_plain, "BAND_POSITIONS", 5)
     plan, arrays, attrs = _bd_case(op, kernel, variant, groups, nd, fmt, wfmt)
     small = arrays[0]
     w_shape = arrays[1].shape
@@ -725,23 +743,23 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
     # and multiplies channels-last patches as b's transpose times them (ratio 0) or as they
     # lie (ratio inf); channels-first b goes on the left of the product (ratio 0) or on the
     # right (inf), one image at a time (0 rows) or with the batch contracted too (inf)
-    variants = [(_backward_weights.PATCHES_CHANNELS_FIRST_MAX,
-                 _backward_weights.PATCHES_TRANSPOSED_MIN_RATIO,
-                 _backward_weights.PATCHES_LEFT_MIN_RATIO,
-                 _backward_weights.PATCHES_PER_IMAGE_MIN_ROWS)]
+    variants = [(_patches.PATCHES_CHANNELS_FIRST_MAX,
+                 _patches.PATCHES_TRANSPOSED_MIN_RATIO,
+                 _patches.PATCHES_LEFT_MIN_RATIO,
+                 _patches.PATCHES_PER_IMAGE_MIN_ROWS)]
     if lowering == "patches_matmul":
         variants += ([(0, 0.0, 1.0, math.inf), (0, math.inf, 1.0, math.inf)] if fmt == "NXC"
                      else [(0, 1.0, 0.0, 0), (0, 1.0, math.inf, 0),
                            (0, 1.0, 0.0, math.inf), (0, 1.0, math.inf, math.inf)])
         request.addfinalizer(jax.clear_caches)   # no program of the patched ones outlives it
     for first, ratio, left, per_image in variants:
-        monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", first)
-        monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
-        monkeypatch.setattr(_backward_weights, "PATCHES_LEFT_MIN_RATIO", left)
-        monkeypatch.setattr(_backward_weights, "PATCHES_PER_IMAGE_MIN_ROWS", per_image)
+        monkeypatch.setattr(_patches, "PATCHES_CHANNELS_FIRST_MAX", first)
+        monkeypatch.setattr(_patches, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
+        monkeypatch.setattr(_patches, "PATCHES_LEFT_MIN_RATIO", left)
+        monkeypatch.setattr(_patches, "PATCHES_PER_IMAGE_MIN_ROWS", per_image)
         if len(variants) > 1:
             jax.clear_caches()  # the constants are read when a program is traced
-        with polyconv_jax.force_lowering(backward_weights=lowering):
+        with _forced(backward_weights=lowering):
             y = getattr(polyconv, weights_op)(*(jnp.asarray(x) for x in inputs), w_shape,
                                               **attrs)
         assert y.shape == ref.shape == w_shape
@@ -759,10 +777,10 @@ def test_backward_weights_lowering_low_precision(lowering, ratio, fmt, dtype, mo
     # patches_matmul's three products, channel-minor patches multiplied as they lie (ratio
     # inf) and b's transpose times them (ratio 0); channels-first b times the patches, one
     # image at a time (NCX, ratio 0); the other lowerings ignore the constants
-    monkeypatch.setattr(_backward_weights, "PATCHES_CHANNELS_FIRST_MAX", 0)
-    monkeypatch.setattr(_backward_weights, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
-    monkeypatch.setattr(_backward_weights, "PATCHES_LEFT_MIN_RATIO", ratio)
-    monkeypatch.setattr(_backward_weights, "PATCHES_PER_IMAGE_MIN_ROWS", ratio)
+    monkeypatch.setattr(_patches, "PATCHES_CHANNELS_FIRST_MAX", 0)
+    monkeypatch.setattr(_patches, "PATCHES_TRANSPOSED_MIN_RATIO", ratio)
+    monkeypatch.setattr(_patches, "PATCHES_LEFT_MIN_RATIO", ratio)
+    monkeypatch.setattr(_patches, "PATCHES_PER_IMAGE_MIN_ROWS", ratio)
     jax.clear_caches()          # the constants are read when a program is traced
     request.addfinalizer(jax.clear_caches)
 
@@ -774,7 +792,7 @@ def test_backward_weights_lowering_low_precision(lowering, ratio, fmt, dtype, mo
     w_shape = (3, 3, 8 // groups, 4)                            # XOI: OC = 8
     dy_shape = polyconv.infer_shape("ConvTranspose", x.shape, w_shape, **attrs).shape
     dy = random_array(rng, dy_shape, dtype)
-    with polyconv_jax.force_lowering(backward_weights=lowering):
+    with _forced(backward_weights=lowering):
         y = polyconv.conv_transpose_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
                                                      **attrs)
     assert y.dtype == np.dtype(x.dtype)
@@ -799,7 +817,7 @@ def _check_weights_lowering(lowering, rng, x, plan, w_shape, attrs, dtype):
     from oracle import random_array
 
     dy = random_array(rng, plan.shape, dtype)
-    with polyconv_jax.force_lowering(backward_weights=lowering):
+    with _forced(backward_weights=lowering):
         y = polyconv.convolution_backward_weights(jnp.asarray(x), jnp.asarray(dy), w_shape,
                                                   **attrs)
     assert y.dtype == np.dtype(x.dtype)
@@ -824,9 +842,9 @@ def test_depthwise_weights_in_blocks_of_positions_match_the_oracle(spatial, chan
     w_shape = (groups, channels // groups, *kernel)        # one dst channel per group
     plan = polyconv.infer_shape("Convolution", x.shape, w_shape, **attrs)
     positions = 2 * math.prod(plan.shape[1:-1])
-    blocked = positions // _backward_weights.DEPTHWISE_BLOCK >= 256
+    blocked = positions // _elementwise.DEPTHWISE_BLOCK >= 256
     assert blocked == (spatial != (13, 11))
-    assert not blocked or positions % _backward_weights.DEPTHWISE_BLOCK == 0
+    assert not blocked or positions % _elementwise.DEPTHWISE_BLOCK == 0
     _check_weights_lowering("depthwise", rng, x, plan, w_shape, attrs, dtype)
 
 
@@ -843,9 +861,8 @@ def test_grouped_weights_in_blocks_of_groups_match_the_oracle(nd, fmt, wfmt, bou
     products across groups dropped): the oracle's values, with a stride, a dilation and
     asymmetric pads, every layout."""
     from oracle import random_array
-    from polyconv_jax._backward_weights import group_block
 
-    monkeypatch.setattr(_forward, "GROUPED_MAX_GROUPS", bound)
+    monkeypatch.setattr(_grouped, "GROUPED_MAX_GROUPS", bound)
     jax.clear_caches()          # the bound is read when a program is traced
     request.addfinalizer(jax.clear_caches)
     rng = np.random.default_rng(29)
@@ -858,9 +875,8 @@ def test_grouped_weights_in_blocks_of_groups_match_the_oracle(nd, fmt, wfmt, bou
     sizes = {"O": (cb,), "I": (per_group[0],), "X": (3, 2, 2)[:nd]}
     w_shape = tuple(itertools.chain.from_iterable(sizes[c] for c in wfmt))
     plan = polyconv.infer_shape("Convolution", x.shape, w_shape, **attrs)
-    assert _choice.is_applicable("backward_weights", plan.with_(primitive="backward_weights"),
-                                 "grouped")
-    assert group_block(plan) == -(-groups // bound) > 1     # blocks of several groups
+    assert _record_applies("backward_weights", plan.with_(primitive="backward_weights"), "grouped")
+    assert _grouped.group_block(plan) == -(-groups // bound) > 1     # blocks of several groups
     _check_weights_lowering("grouped", rng, x, plan, w_shape, attrs, dtype)
 
 
@@ -908,7 +924,7 @@ def test_grad_of_conv_transpose_with_each_backward_weights_lowering(lowering):
     cots = jnp.asarray(rng.standard_normal((3, *y_shape)))
     grad = jax.vmap(jax.grad(lambda w, cot: jnp.vdot(polyconv.conv_transpose(x, w, **attrs),
                                                      cot)), in_axes=(None, 0))(w, cots)
-    with polyconv_jax.force_lowering(backward_weights=lowering):
+    with _forced(backward_weights=lowering):
         ops = jax.jit(jax.vmap(lambda cot: polyconv.conv_transpose_backward_weights(
             x, cot, w.shape, **attrs)))(cots)
     _close(grad, ops)
@@ -930,7 +946,7 @@ def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides,
     x = rng.uniform(-1, 1, (2, cin, 4, 3))
     w = rng.uniform(0.5, 1, (cin, 2, *kernel))                 # IOX [IC, OC/G, K..]
     plan = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs)
-    if not _backward_data.applicable(plan, lowering):
+    if not _record_applies("backward_data", plan, lowering):
         pytest.skip(f"{lowering} does not apply")
     one = np.zeros_like(x)
     one[1, 1, 2, 1] = 1.0
@@ -938,17 +954,17 @@ def test_nan_reaches_exactly_the_outputs_that_read_it(lowering, kernel, strides,
     for value in (np.nan, np.inf):
         poisoned = x.copy()
         poisoned[1, 1, 2, 1] = value
-        with polyconv_jax.force_lowering(backward_data=lowering):
+        with _forced(backward_data=lowering):
             y = np.asarray(polyconv.conv_transpose(jnp.asarray(poisoned), jnp.asarray(w),
                                                    **attrs))
         local = np.array_equal(~np.isfinite(y), hit)
-        if not _backward_data.exact(plan, lowering):
+        if not _exact(plan, lowering):
             assert not local   # the documented exception
         else:
             assert local, (lowering, value)
-    choice = _backward_data.choose_backward_data(plan)
+    choice = _policy.choose_backward_data(plan)
     assert choice != "direct"
-    assert _backward_data.exact(plan, choice)
+    assert _exact(plan, choice)
 
 
 # --------------------------------------------------------------------------------------------
@@ -964,7 +980,7 @@ def pad_every_unpadded_conv(monkeypatch):
     jax.clear_caches()
     monkeypatch.setattr(_xla, "PAD_FAST_PATH_MACS", 0)
     # the forward convolution itself (the policy takes elementwise loops for so few channels)
-    with polyconv_jax.force_lowering(forward="direct"):
+    with _forced(forward="direct"):
         yield
     jax.clear_caches()
 
@@ -1058,7 +1074,7 @@ def test_one_padded_row_is_taken_where_it_pays():
     assert pads((1, 18, 18, 64), (3, 3, 64, 64)) == ["[[0, 0], [0, 0]]"]         # small
     assert pads((8, 64, 64, 256), (2, 2, 256, 256), strides=2) == ["[[0, 0], [0, 0]]"]
     assert pads((8, 58, 58, 64), (3, 3, 64, 64), pads_begin=1) == ["[[1, 0], [1, 0]]"]
-    with polyconv_jax.force_lowering(forward="direct"):     # one grouped convolution
+    with _forced(forward="direct"):     # one grouped convolution
         assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
     assert pads((8, 4000, 256), (16, 256, 128)) == ["[[0, 0]]"]
 
@@ -1129,7 +1145,7 @@ def test_elementwise_loops_read_weights_computed_once(op):
     fn = getattr(polyconv, op)
     args = (x, w) if op == "convolution" else (x, w, x.shape)
     primitive = "forward" if op == "convolution" else "backward_data"
-    with polyconv_jax.force_lowering(**{primitive: "elementwise"}):
+    with _forced(**{primitive: "elementwise"}):
         text = jax.jit(lambda a, b: fn(a, b, *args[2:], **attrs)).lower(*args[:2]).compile(
             ).as_text()
     loops = re.split(r"\n(?=%)", text)

@@ -17,12 +17,16 @@ only_with_target("jax")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-import polyconv_jax  # noqa: E402
 from jax_grid import _weights  # noqa: E402
 from oracle import assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _choice, _forward, _space_to_depth  # noqa: E402
+from polyconv_jax import _choice, _space_to_depth  # noqa: E402
 
 import polyconv  # noqa: E402
+
+
+def _applies(plan, name: str) -> bool:
+    return _choice.CHOOSER.get("forward", name).applies(plan)
+
 
 # (src spatial, kernel, attributes): strided, undilated, kernel a multiple of the stride on
 # every axis (a stride of 1 takes any kernel)
@@ -57,7 +61,7 @@ def inner(request, monkeypatch):
     choose, taken = _choice.choose, []
 
     def forced(primitive, plan, precision, repeats=1):
-        if _forward.forward_applicable(plan, request.param) and plan.strides == (1,) * plan.ndim:
+        if _applies(plan, request.param) and plan.strides == (1,) * plan.ndim:
             taken.append(request.param)
             return request.param
         return choose(primitive, plan, precision, repeats)
@@ -85,12 +89,12 @@ def test_subpixel_forward_matches_the_oracle(spatial, kernel, attrs, fmt, wfmt, 
               "matmul_overlap_add": (12, 1)}.get(inner, (4, 6))
     x, w, attrs = _case(spatial, kernel, attrs, fmt, wfmt, ca, cb, groups)
     plan = polyconv.infer_shape("convolution", x.shape, w.shape, **attrs)
-    assert _forward.forward_applicable(plan, "subpixel")
+    assert _applies(plan, "subpixel")
     sub = _space_to_depth.inner_plan(plan)
     assert sub.b_spatial == plan.b_spatial and sub.strides == (1,) * plan.ndim
     if inner in ("matmul_overlap_add", "elementwise"):
-        assert _forward.forward_applicable(sub, inner), "the case does not reach the inner one"
-    with polyconv_jax.force_lowering(forward="subpixel"):
+        assert _applies(sub, inner), "the case does not reach the inner one"
+    with polyconv.implementation("jax:forward=subpixel"):
         y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), **attrs)
     ref = reference("convolution", x, w, **attrs)
     assert y.shape == ref.y.shape
@@ -115,8 +119,8 @@ def test_matmul_overlap_add_forward_matches_the_oracle(spatial, kernel, attrs, f
     taps = math.prod(kernel)
     x, w, attrs = _case(spatial, kernel, attrs, fmt, wfmt, 2 * taps, 2, 1)
     plan = polyconv.infer_shape("convolution", x.shape, w.shape, **attrs)
-    assert _forward.forward_applicable(plan, "matmul_overlap_add")
-    with polyconv_jax.force_lowering(forward="matmul_overlap_add"):
+    assert _applies(plan, "matmul_overlap_add")
+    with polyconv.implementation("jax:forward=matmul_overlap_add"):
         y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), **attrs)
     ref = reference("convolution", x, w, **attrs)
     assert_within_bound(np.asarray(y), ref.y, ref.abs_sum, ref.n, "float64")
@@ -141,7 +145,7 @@ def test_nan_and_inf_reach_exactly_the_outputs_that_read_them(lowering, case, ch
         for value in (np.nan, np.inf):
             poisoned = x.copy()
             poisoned[point] = value
-            with polyconv_jax.force_lowering(forward=lowering):
+            with polyconv.implementation(f"jax:forward={lowering}"):
                 y = np.asarray(polyconv.convolution(jnp.asarray(poisoned), jnp.asarray(w),
                                                     **attrs))
             assert np.array_equal(~np.isfinite(y), hit), (point, value)
@@ -156,7 +160,7 @@ def test_16_bit_data_within_the_bound(dtype, lowering):
     spatial, kernel, attrs = case
     x, w, attrs = _case(spatial, kernel, attrs, "NCX", "OIX", *channels, 1, seed=5)
     x, w = (np.asarray(jnp.asarray(v, dtype).astype(jnp.float32), np.float64) for v in (x, w))
-    with polyconv_jax.force_lowering(forward=lowering):
+    with polyconv.implementation(f"jax:forward={lowering}"):
         y = polyconv.convolution(jnp.asarray(x, dtype), jnp.asarray(w, dtype), **attrs)
     assert y.dtype == jnp.dtype(dtype)
     ref = reference("convolution", x, w, **attrs)
@@ -175,16 +179,16 @@ def test_where_they_apply_and_are_measured():
     fcn = plan((512, 512), (16, 16), 21, 21, strides=8, pads_begin=4, pads_end=4)
     yolo = plan((640, 640), (6, 6), 3, 32, strides=2, pads_begin=2, pads_end=2)
     for p in (fcn, yolo, plan((64, 64), (4, 4), 64, 8, groups=4, strides=2)):
-        assert _forward.forward_applicable(p, "subpixel")
+        assert _applies(p, "subpixel")
     for p in (plan((56, 56), (3, 3), 64, 64, strides=2),                  # k3 s2: zero taps
               plan((56, 56), (4, 3), 64, 64, strides=2),                  # on one axis
               plan((56, 56), (4, 4), 64, 64, strides=2, dilations=2),
               plan((56, 56), (4, 4), 64, 64)):                             # no stride
-        assert not _forward.forward_applicable(p, "subpixel")
+        assert not _applies(p, "subpixel")
     inner = _space_to_depth.inner_plan(fcn)
     assert (inner.a_channels, inner.kernel, inner.a_spatial) == (21 * 64, (2, 2), (65, 65))
-    assert _forward.forward_applicable(inner, "matmul_overlap_add")
+    assert _applies(inner, "matmul_overlap_add")
     for p in (fcn, plan((56, 56), (1, 1), 256, 64), plan((56, 56), (2, 2), 64, 64, groups=2)):
-        assert not _forward.forward_applicable(p, "matmul_overlap_add")
-    assert "subpixel" in _choice.candidates("forward", fcn, "cpu")
-    assert "matmul_overlap_add" in _choice.candidates("forward", inner, "cpu")
+        assert not _applies(p, "matmul_overlap_add")
+    assert "subpixel" in _choice.candidates("forward", fcn)
+    assert "matmul_overlap_add" in _choice.candidates("forward", inner)

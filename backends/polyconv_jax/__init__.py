@@ -4,16 +4,21 @@ Each primitive (forward ``a, W -> b``, backward_data ``b, W -> a``, backward_wei
 ``a, b -> W``) has several exact lowerings: the plain ``jax.lax.conv_general_dilated`` call,
 with the user's data and weights layouts as dimension numbers, and decompositions that avoid
 XLA's slow paths (the phases of a strided transposed convolution, im2col products,
-GEMM + overlap-add, elementwise forms for few channels per group). Which one runs is measured
-per plan and device on first use, or taken from a default policy (:mod:`._choice`);
-:func:`force_lowering` picks one by name, :func:`autotune` switches measuring.
+GEMM + overlap-add, elementwise forms for few channels per group). Which one runs is the
+platform's default policy, measured per plan and device when :func:`polyconv.autotune` is on,
+or forced by name with :func:`polyconv.implementation` (``"jax:backward_data=phases"``); the
+core chooser (:mod:`polyconv._choice`) does all three over this backend's records.
 
-The modules, one per concern: :mod:`._xla` (precision, dimension numbers, the CPU-aware
-convolution call), :mod:`._forward`, :mod:`._backward_data` and :mod:`._backward_weights`
-(the lowerings of each primitive and its CPU policy), :mod:`._choice` (forcing, measuring,
-policy), :mod:`._primitives` (the three JAX primitives, their derivative and batching rules:
-every cotangent is computed by polyconv's own primitives, and the jitted entry points).
-The docs page "JAX lowerings" has the formulas and the measurements.
+The modules, in layers (none imports one above it): :mod:`._xla` (precision, dimension
+numbers, the CPU-aware convolution call); :mod:`._common` (the windows each tap reads, the
+phases of a stride); one module per family of lowerings, each declaring its records
+(:mod:`._plain`, :mod:`._elementwise`, :mod:`._patches`, :mod:`._folded`,
+:mod:`._subpixel`, :mod:`._taps`, :mod:`._sliced`, :mod:`._grouped`,
+:mod:`._space_to_depth`); :mod:`._policy` (the default per platform); :mod:`._choice` (the
+list of records and the chooser, measuring); :mod:`._primitives` (the three JAX primitives,
+their derivative and batching rules: every cotangent is computed by polyconv's own
+primitives, and the jitted entry points). The docs page "JAX lowerings" has the formulas and
+the measurements.
 
 Each primitive is entered through a ``jax.jit`` function with the plan, precision and choice
 settings as static arguments: eager calls compile once per plan, and inside a user's
@@ -35,14 +40,14 @@ import functools
 from typing import Any
 
 from polyconv import ConvPlan, Samples, _malloc
+from polyconv._choice import settings as choice_settings
 
 from . import _primitives
-from ._choice import LOWERINGS, autotune, force_lowering, measured_choices
+from ._choice import LOWERINGS
 from ._primitives import prepare
 from ._xla import canonical_precision
 
-__all__ = ["BACKEND", "LOWERINGS", "JaxBackend", "autotune", "canonical_precision",
-           "force_lowering", "measured_choices"]
+__all__ = ["BACKEND", "LOWERINGS", "JaxBackend", "canonical_precision"]
 
 
 @functools.cache
@@ -101,7 +106,7 @@ class JaxBackend:
         arrays = prepare(plan, *arrays)
         precision = canonical_precision(plan.op, plan.precision)
         static = (plan.with_(precision=None, op=plan.primitive), precision,
-                  _primitives._choice.settings())
+                  choice_settings())
         return static, arrays
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> Any:

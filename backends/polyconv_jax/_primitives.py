@@ -3,7 +3,7 @@
 Each primitive (``forward`` ``a, W -> b``, ``backward_data`` ``b, W -> a``,
 ``backward_weights`` ``a, b -> W``) is bilinear, and the adjoint identities of the canonical
 convolution say which primitive computes each of its cotangents (``<F(a, W), b> =
-<a, D(b, W)> = <W, Wt(a, b)>``):
+<a, D(b, W)> = <W, Wt(a, b)>``; :data:`polyconv._optable.ADJOINTS`):
 
 ==================  =========================  =========================
 primitive           cotangent of 1st input     cotangent of 2nd input
@@ -46,17 +46,9 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from polyconv import ConvPlan
+from polyconv._optable import ADJOINTS
 
 from . import _choice
-
-#: per primitive: for the cotangent of each input, the primitive that computes it and that
-#: primitive's input slot the cotangent goes in (the table above); its other input is the
-#: primitive's other operand
-_ADJOINTS = {
-    "forward": (("backward_data", 0), ("backward_weights", 1)),
-    "backward_data": (("forward", 0), ("backward_weights", 0)),
-    "backward_weights": (("backward_data", 1), ("forward", 1)),
-}
 
 
 def _compute(x, y, *, primitive: str, plan: ConvPlan, precision, lowering: str):
@@ -64,7 +56,7 @@ def _compute(x, y, *, primitive: str, plan: ConvPlan, precision, lowering: str):
     if primitive == "backward_weights" and plan.batch == 0:
         # nothing to contract: XLA would form a degenerate convolution
         return jnp.zeros(plan.weights_shape, plan.acc_dtype)
-    return _choice.IMPLEMENTATIONS[primitive][lowering](plan, precision, x, y)
+    return _choice.CHOOSER.get(primitive, lowering).run(plan, precision, x, y)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -102,7 +94,7 @@ def _transpose(primitive: str, slot: int, ct, x, y, *, plan: ConvPlan, precision
     """The cotangent of input ``slot``: the adjoint primitive (table above) applied to the
     cotangent, rounded to the plan's dtype, and the other input."""
     del lowering
-    adjoint, position = _ADJOINTS[primitive][slot]
+    adjoint, position = ADJOINTS[primitive][slot]
     other = y if slot == 0 else x
     g = ct.astype(other.dtype)
     args = (g, other) if position == 0 else (other, g)
@@ -170,7 +162,7 @@ def _make(primitive: str) -> Primitive:
     return p
 
 
-_PRIMITIVES = {name: _make(name) for name in _ADJOINTS}
+_PRIMITIVES = {name: _make(name) for name in ADJOINTS}
 
 
 # --------------------------------------------------------------------------------------------

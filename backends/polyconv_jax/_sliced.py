@@ -23,7 +23,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from polyconv import ConvPlan
+from polyconv._choice import Implementation
 
+from ._common import read_pads
+from ._plain import _conv, _direct, _weights_direct
 from ._xla import add_all
 
 
@@ -75,8 +78,6 @@ def first_axis_rows(plan: ConvPlan, a) -> Callable[[int], Any]:
     """``k0 ->`` the rows of ``a`` that the first spatial axis's tap ``k0`` reads, ``k0*d0 +
     s0*j`` for ``j < B0`` (zeros in the padding), merged with the batch
     (:func:`merge_first_axis`; channels-first data is moved once, for all taps)."""
-    from ._forward import read_pads  # (that module imports this one)
-
     x = a if plan.channels_last else jnp.moveaxis(a, 1, -1)    # [N, A0, A.., C]
     config = [(0, 0, 0)] * a.ndim
     config[1] = (*read_pads(plan)[0], 0)
@@ -101,8 +102,6 @@ def forward(plan: ConvPlan, precision, a, w):
     convolutions through YNNPACK and 3-D ones on a much slower path. nnU-Net's 3x3x3 32->32
     forward on 32x64x64 (2 CPUs): 68-95 ms against 270-350 for ``direct`` and 100-140 for
     ``folded``."""
-    from ._forward import _conv  # (that module imports this one)
-
     rows, n = first_axis_rows(plan, a), a.shape[0]
     sub = slice_plan(plan, n * plan.b_spatial[0])
     wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca/G, K..]
@@ -123,8 +122,6 @@ def backward_data(plan: ConvPlan, precision, b, w):
     through YNNPACK and 3-D ones on a much slower path. nnU-Net's 3x3x3 32->32 input
     gradient on 32x64x64 (2 CPUs): 66-95 ms against 220-250 for ``direct`` and ``phases``
     and 95-130 for ``phases_folded``."""
-    from ._backward_data import _direct  # (that module imports this one)
-
     n, b0, s0, d0 = plan.batch, plan.b_spatial[0], plan.strides[0], plan.dilations[0]
     sub = slice_plan(plan, n * b0)
     bm = merge_first_axis(plan, b)
@@ -168,8 +165,6 @@ def backward_weights(plan: ConvPlan, precision, a, b):
     convolution on one thread and slows down with its contraction: nnU-Net's 3x3x3 32->32 on
     32x64x64 (2 CPUs) took 290-305 ms in 3 pieces (one per tap), 183 ms in 24 and 81-99 ms
     in 48 (two 64x64 images each), against 300 ms for ``folded`` and 425 for ``bands``."""
-    from ._backward_weights import _weights_direct  # (that module imports this one)
-
     rows, n, b0 = first_axis_rows(plan, a), plan.batch, plan.b_spatial[0]
     bm = merge_first_axis(plan, b)                              # [N*B0, B.., Cb]
     chunk = slice_chunk(plan)
@@ -181,3 +176,8 @@ def backward_weights(plan: ConvPlan, precision, a, b):
                         for i, j in pieces)
         taps.append(total.reshape((*total.shape[:2], *plan.kernel[1:])))
     return jnp.transpose(jnp.stack(taps, axis=2), plan.weights_inverse_perm)
+
+
+FORWARD = Implementation("sliced", "forward", forward)
+BACKWARD_DATA = Implementation("sliced", "backward_data", backward_data)
+BACKWARD_WEIGHTS = Implementation("sliced", "backward_weights", backward_weights)

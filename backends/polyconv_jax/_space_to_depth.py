@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import partial
 
 import jax.numpy as jnp
 from jax import lax
 
 from polyconv import ConvPlan
+from polyconv._choice import Implementation
 from polyconv._phases import phases
+
+from ._grouped import Lower
 
 
 def applies(plan: ConvPlan) -> bool:
@@ -98,11 +102,14 @@ def inner_weights(plan: ConvPlan, w):
     return ws.reshape((ws.shape[0], -1, *ws.shape[2 + nd:]))
 
 
-def forward(plan: ConvPlan, precision, a, w):
-    """The forward as the inner plan's, its lowering chosen as any plan's (measured, or the
-    policy)."""
-    from ._choice import IMPLEMENTATIONS, choose  # (that module imports this one)
-
+def forward(plan: ConvPlan, precision, a, w, *, lower: Lower):
+    """The forward as the inner plan's, its lowering the one ``lower`` chooses for it (the
+    chooser, as for any plan)."""
     sub = inner_plan(plan)
-    lowering = IMPLEMENTATIONS["forward"][choose("forward", sub, precision)]
-    return lowering(sub, precision, space_to_depth(plan, a), inner_weights(plan, w))
+    run = lower("forward", sub, precision, 1)
+    return run(sub, precision, space_to_depth(plan, a), inner_weights(plan, w))
+
+
+def implementation(lower: Lower) -> Implementation:
+    """The ``subpixel`` forward, its inner plan's lowering chosen by ``lower``."""
+    return Implementation("subpixel", "forward", partial(forward, lower=lower), applies=applies)

@@ -1,7 +1,8 @@
-"""backward_data by phases (sub-pixel): per phase of the stride, one stride-1 convolution with
-exactly that phase's taps (``phases``, ``phases_matmul``), or one fused convolution whose
-output channels are the phases (``subpixel``, ``subpixel_matmul``), with the helpers that
-interleave and crop the phase outputs. The phase numbers come from :mod:`polyconv._phases`.
+"""The phase (sub-pixel) lowerings. backward_data: per phase of the stride, one stride-1
+convolution with exactly that phase's taps (``phases``, ``phases_matmul``), or one fused
+convolution whose output channels are the phases (``subpixel``, ``subpixel_matmul``); the
+weight gradient: one convolution per phase of the large tensor (``phases``). The phase numbers
+come from :mod:`polyconv._phases`.
 
 Notation and measurements: the docs page "JAX lowerings".
 """
@@ -16,79 +17,11 @@ import numpy as np
 from jax import lax
 
 from polyconv import ConvPlan
-from polyconv._phases import AxisPhases
+from polyconv._choice import Implementation
 from polyconv._phases import phases as plan_phases
 
+from ._common import _crop, _interleave, _padding, _phase_shape, _phases, pad_large
 from ._xla import _conv_general, _data_spec, _dnums, _merge, _regroup
-
-
-def _phases(plan: ConvPlan) -> tuple[AxisPhases, ...]:
-    """Per spatial axis, the phase geometry of the plan (polyconv._phases, cached there).
-
-    In padded coordinates ``X = x + pb`` the product of ``b[y]`` and tap ``k`` lands at
-    ``X = y*s + k*d``. Write ``X = q*s + r``: row ``q`` of phase ``r`` receives exactly the
-    taps of phase ``r``, each from ``y = q - shift_k``. Rows ``q`` in ``[q_lo, q_lo + rows)``
-    of every phase, interleaved, cover the padded range ``[q_lo*s, (q_lo + rows)*s)``, which
-    contains the output ``[pb, pb + A)``; the output starts ``crop`` rows in.
-    """
-    return plan_phases(plan).axes
-
-
-def _padding(p: AxisPhases, top: int, window: int) -> tuple[int, int]:
-    """Pads of ``b`` for a stride-1 window of ``window`` rows whose first row reads
-    ``b[q - top]`` for output row ``q``: the output rows are ``q_lo .. q_lo+rows-1``."""
-    lo = top - p.q_lo
-    return lo, p.rows + window - 1 - p.small - lo
-
-
-def _interleave(plan: ConvPlan, axes: tuple[AxisPhases, ...], parts: dict,
-                group_major: bool = False):
-    """Interleave the phase outputs (``parts[r]``, rows ``q_lo..``) and crop to ``A``.
-
-    ``parts[r]`` is in the user's data layout, or ``[G, N, R.., Ca/G]`` with
-    ``group_major``. All phases are stacked once and one transpose puts phase ``r_i`` right
-    after spatial axis ``i`` (row ``q*s + r``), so XLA copies the output once (stack and
-    transpose fuse), then the padded range is cropped to the output rows.
-    """
-    nd = plan.ndim
-    steps = tuple(p.stride for p in axes)
-    y = jnp.stack([parts[r] for r in itertools.product(*(range(s) for s in steps))])
-    y = y.reshape((*steps, *y.shape[1:]))
-    phase = range(nd)
-    if group_major:            # parts [G, N, R.., o]: G at nd, N at nd+1, R_i at nd+2+i
-        rows = [nd + 2 + i for i in range(nd)]
-        lead, tail = ([nd + 1], [nd, 2 * nd + 2]) if plan.channels_last else (
-            [nd + 1, nd, 2 * nd + 2], [])
-    elif plan.channels_last:   # parts [N, R.., C]
-        rows = [nd + 1 + i for i in range(nd)]
-        lead, tail = [nd], [2 * nd + 1]
-    else:                      # parts [N, C, R..]
-        rows = [nd + 2 + i for i in range(nd)]
-        lead, tail = [nd, nd + 1], []
-    order = (*lead, *itertools.chain.from_iterable(zip(rows, phase)), *tail)
-    y = jnp.transpose(y, order)
-    sizes = tuple(y.shape[len(lead) + 2 * i] * s for i, s in enumerate(steps))
-    if plan.channels_last:
-        y = _merge(y, (plan.batch, *sizes, plan.a_channels))
-    else:
-        y = _merge(y, (plan.batch, plan.a_channels, *sizes))
-    return _crop(plan, axes, y)
-
-
-def _crop(plan: ConvPlan, axes: tuple[AxisPhases, ...], y):
-    start, limit = [0] * y.ndim, list(y.shape)
-    for ax, p in zip(plan.spatial_axes, axes):
-        start[ax], limit[ax] = p.crop, p.crop + p.size
-    if tuple(start) == (0,) * y.ndim and tuple(limit) == y.shape:
-        return y
-    return lax.slice(y, start, limit)
-
-
-def _phase_shape(plan: ConvPlan, axes: tuple[AxisPhases, ...]) -> tuple[int, ...]:
-    rows = tuple(p.rows for p in axes)
-    if plan.channels_last:
-        return (plan.batch, *rows, plan.a_channels)
-    return (plan.batch, plan.a_channels, *rows)
 
 
 def _by_phase(plan: ConvPlan, precision, b, w):
@@ -295,3 +228,77 @@ def _phases_matmul(plan: ConvPlan, precision, b, w):
         offsets = [tuple(p.max_shift - m for p, (_, m) in zip(axes, tap)) for tap in taps]
         parts[r] = _product(plan, precision, x, offsets, kernel)
     return _interleave(plan, axes, parts, group_major=True)
+
+
+def subpixel_is_exact(plan: ConvPlan) -> bool:
+    """Whether the sub-pixel window holds only real taps (every phase of every axis has a tap
+    at every window row: k4 s2, k16 s8, k2 s2, ..., not k3 s2).
+
+    Only then do ``subpixel`` and ``subpixel_matmul`` form exactly the products of the
+    definition; otherwise their zero taps meet ``b`` too, and a NaN or infinity in ``b``
+    reaches outputs that do not read it (``0 * inf = nan``). The default choice never makes
+    such products.
+    """
+    return plan_phases(plan).fills_window
+
+
+def _taps_to_layout(plan: ConvPlan, taps: dict):
+    """Per-tap weights ``taps[k]`` (the user's layout, spatial sizes 1) -> the full kernel."""
+    perm = plan.weights_perm
+    order = list(itertools.product(*(range(k) for k in plan.kernel)))
+    y = jnp.stack([taps[k] for k in order])
+    y = y.reshape((*plan.kernel, *y.shape[1:]))      # [K.., user layout with unit spatial]
+    nd = plan.ndim
+    # the user's axis p comes from K axis i where perm[2 + i] == p, else from itself
+    source = {perm[2 + i]: i for i in range(nd)}
+    y = jnp.transpose(y, [source.get(p, nd + p) for p in range(nd + 2)] +
+                      [nd + perm[2 + i] for i in range(nd)])
+    return y.reshape(plan.weights_shape)
+
+
+def _weights_phases(plan: ConvPlan, precision, a, b):
+    """One convolution per phase of the large tensor, none with a dilated kernel.
+
+    Tap ``k`` reads ``a`` at ``y*s + k*d`` (padded coordinates): all taps of phase
+    ``r = k*d mod s`` read the sub-image ``a[r::s]`` at shifts ``m_k`` that are ``dd`` apart,
+    so their weights are one stride-``dd`` correlation of that sub-image with ``b``
+    (``direct``'s convolution with ``s = 1``). The phase results are then put in tap order.
+    """
+    data = _data_spec(plan)
+    perm = plan.weights_perm
+    swapped = (data[1], data[0], *data[2:])
+    x = pad_large(plan, a)
+    axes = _phases(plan)
+    taps = {}
+    for r in itertools.product(*(range(p.stride) for p in axes)):
+        ks = [p.taps[ri] for p, ri in zip(axes, r)]
+        if not all(ks):
+            continue
+        start, limit, strides = [0] * x.ndim, list(x.shape), [1] * x.ndim
+        for ax, p, t, d, bs in zip(plan.spatial_axes, axes, ks, plan.dilations,
+                                   plan.b_spatial):
+            start[ax] = t[0] * d
+            limit[ax] = start[ax] + (bs - 1 + (len(t) - 1) * p.shift_step) * p.stride + 1
+            strides[ax] = p.stride
+        sub = lax.slice(x, start, limit, strides)
+        w = _conv_general(
+            sub, b, window_strides=tuple(p.shift_step for p in axes), padding=[(0, 0)] * plan.ndim,
+            dimension_numbers=_dnums(swapped, swapped, (perm[1], perm[0], *perm[2:])),
+            batch_group_count=plan.groups, precision=precision,
+            preferred_element_type=plan.acc_dtype)
+        for js in itertools.product(*(range(len(t)) for t in ks)):
+            s0, s1 = [0] * w.ndim, list(w.shape)
+            for ax, j in zip(perm[2:], js):
+                s0[ax], s1[ax] = j, j + 1
+            taps[tuple(t[j] for t, j in zip(ks, js))] = lax.slice(w, s0, s1)
+    return _taps_to_layout(plan, taps)
+
+
+PHASES = Implementation("phases", "backward_data", _by_phase)
+PHASES_MATMUL = Implementation("phases_matmul", "backward_data", _phases_matmul)
+# their zero taps meet b where the phases do not fill one window (k3 s2): exact only where they
+# do (:func:`subpixel_is_exact`)
+SUBPIXEL = Implementation("subpixel", "backward_data", _subpixel, exact_on_nonfinite=False)
+SUBPIXEL_MATMUL = Implementation("subpixel_matmul", "backward_data", _subpixel_matmul,
+                                 exact_on_nonfinite=False)
+WEIGHTS_PHASES = Implementation("phases", "backward_weights", _weights_phases)

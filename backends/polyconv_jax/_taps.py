@@ -1,6 +1,6 @@
-"""The ``taps`` lowerings: one matrix product per kernel tap, over only the rows it reads
-(and the forward's ``matmul_overlap_add``: one product for all taps first, then each tap's
-block at the rows it reads).
+"""The ``taps`` lowerings: one matrix product per kernel tap, over only the rows it reads; and
+``matmul_overlap_add``: one product for all taps first, then each tap's block laid at the rows
+it writes (forward, and backward_data's GEMM + col2im).
 
 Tap ``k`` of an ungrouped convolution adds ``a[i*s + k*d - pb] @ W_k`` to output row ``i``
 (``W_k``: the tap's ``[Ca, Cb]`` weights). Where ``i*s + k*d - pb`` falls in the padding the
@@ -24,12 +24,15 @@ measured where the contracted side has :data:`TAPS_MIN_CHANNELS` channels or mor
 from __future__ import annotations
 
 import itertools
+import math
 
 import jax.numpy as jnp
 from jax import lax
 
 from polyconv import ConvPlan
+from polyconv._choice import Implementation
 
+from ._common import _interleave, _phase_shape, _phases
 from ._xla import add_all
 
 #: the ``taps`` lowerings are measured from this many channels on the contracted side
@@ -179,3 +182,81 @@ def backward_weights(plan: ConvPlan, precision, a, b):
     taps = [found.get(tap, zero) for tap in itertools.product(*(range(k) for k in plan.kernel))]
     wc = jnp.stack(taps, axis=-1).reshape((plan.b_channels, plan.a_channels, *plan.kernel))
     return jnp.transpose(wc, plan.weights_inverse_perm)
+
+
+def _matmul_overlap_add(plan: ConvPlan, precision, b, w):
+    """Multiply first, then overlap-add (GEMM + col2im), for a narrow output side.
+
+    One matrix product of ``b`` (``[rows, Cb]``) with every tap's weights at once
+    (``[Cb, Ca*prod(K)]``) gives each input row's contribution to every tap; each output phase
+    is then the sum of its taps' shifted slices of that product (one fused XLA loop per
+    phase), interleaved. Nothing is gathered before the product, so when ``Ca*prod(K)`` is
+    small (few output channels: an image or volume decoder's last layer) this reads ``b``
+    once where the phase lowerings copy it once per tap; with one tap per phase (k2 s2) it is
+    the product and one interleaving copy. Ungrouped plans only.
+
+    Channels-first data is multiplied as it lies, weights first (``[K.., Ca, Cb] @ [Cb, N,
+    B..]``), so the product comes out channels-first too: no transposition of ``b`` or of the
+    product (U-Net's 128 -> 64 k2 s2 up-convolution: 3.0 ms against 4.8 ms with ``b`` as the
+    left operand).
+    """
+    axes = _phases(plan)
+    nd = plan.ndim
+    ca, cb = plan.a_channels, plan.b_channels
+    wc = jnp.transpose(w, plan.weights_perm)                    # [Cb, Ca, K..]
+    if plan.channels_last:
+        wm = wc.reshape((cb, ca * math.prod(plan.kernel)))
+        y = lax.dot_general(b, wm, (((plan.channel_axis,), (0,)), ((), ())),
+                            precision=precision, preferred_element_type=plan.acc_dtype)
+        y = y.reshape((plan.batch, *plan.b_spatial, ca, *plan.kernel))   # [N, B.., Ca, K..]
+        spatial, taps = range(1, nd + 1), range(nd + 2, 2 * nd + 2)
+    else:
+        wm = jnp.transpose(wc, (*range(2, nd + 2), 1, 0)).reshape((-1, cb))
+        y = lax.dot_general(wm, b, (((1,), (1,)), ((), ())),
+                            precision=precision, preferred_element_type=plan.acc_dtype)
+        y = y.reshape((*plan.kernel, ca, plan.batch, *plan.b_spatial))   # [K.., Ca, N, B..]
+        spatial, taps = range(nd + 2, 2 * nd + 2), range(nd)
+    config = [(0, 0, 0)] * y.ndim
+    for ax, p in zip(spatial, axes):
+        config[ax] = (*p.window_pads, 0)
+    y = lax.pad(y, jnp.zeros((), y.dtype), config)
+    parts = {}
+    for r in itertools.product(*(range(p.stride) for p in axes)):
+        total = None
+        for tap in itertools.product(*(zip(p.taps[ri], p.phase_shifts[ri])
+                                       for p, ri in zip(axes, r))):
+            start, limit = [0] * y.ndim, list(y.shape)
+            for ax, p, (_, m) in zip(spatial, axes, tap):
+                start[ax], limit[ax] = p.max_shift - m, p.max_shift - m + p.rows
+            for ax, (k, _) in zip(taps, tap):
+                start[ax], limit[ax] = k, k + 1
+            term = lax.slice(y, start, limit)
+            term = term.reshape(tuple(n for i, n in enumerate(term.shape) if i not in taps))
+            total = term if total is None else total + term
+        if total is None:
+            parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
+        elif plan.channels_last:
+            parts[r] = total
+        else:
+            parts[r] = jnp.moveaxis(total, 0, 1)                 # [Ca, N, R..] -> [N, Ca, R..]
+    return _interleave(plan, axes, parts)
+
+
+def ungrouped(plan: ConvPlan) -> bool:
+    return plan.groups == 1
+
+
+def overlap_add_forward_applies(plan: ConvPlan) -> bool:
+    """Ungrouped, several taps, and a product no wider than ``a``."""
+    taps = math.prod(plan.kernel)
+    return plan.groups == 1 and taps > 1 and taps * plan.b_channels <= plan.a_channels
+
+
+FORWARD = Implementation("taps", "forward", forward, applies=ungrouped)
+FORWARD_OVERLAP_ADD = Implementation("matmul_overlap_add", "forward", forward_overlap_add,
+                                     applies=overlap_add_forward_applies)
+BACKWARD_DATA = Implementation("taps", "backward_data", backward_data, applies=ungrouped)
+BACKWARD_DATA_OVERLAP_ADD = Implementation("matmul_overlap_add", "backward_data",
+                                           _matmul_overlap_add, applies=ungrouped)
+BACKWARD_WEIGHTS = Implementation("taps", "backward_weights", backward_weights,
+                                  applies=ungrouped)

@@ -107,8 +107,12 @@ def _blocks(batch: int, rows0: int, row_bytes: int):
 
 
 def block_count(batch: int, rows0: int, row_bytes: int) -> int:
-    """How many blocks :func:`_blocks` cuts (each block issues a numpy call per tap)."""
-    return sum(1 for _ in _blocks(batch, rows0, row_bytes))
+    """How many blocks :func:`_blocks` cuts (each block issues a numpy call per tap), counted
+    without walking them: a huge output must reach its allocation's MemoryError at once."""
+    sample, budget = rows0 * row_bytes, _budget(batch, rows0, row_bytes)
+    if sample <= budget:
+        return -(-batch // max(1, budget // max(sample, 1)))
+    return batch * -(-rows0 // max(1, budget // max(row_bytes, 1)))
 
 
 def plan_blocks(plan: ConvPlan, primitive: str, itemsize: int) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from polyconv import ConvPlan, Samples
+from polyconv._limits import IndexLimits
 
 from . import _autograd, _lowering
 
@@ -54,6 +55,10 @@ class TorchBackend:
 
     name = "torch"
     libraries = ("torch",)
+    # torch's convolutions read strides, pads and dilations as 32-bit ints (a stride of 2**31
+    # reaches oneDNN as -2**31); sizes and offsets are 64-bit
+    limits = IndexLimits(attributes=2**31 - 1,
+                         reason="torch: 64-bit sizes, 32-bit strides, pads and dilations")
 
     def __repr__(self) -> str:
         return "<polyconv backend 'torch'>"

@@ -4,7 +4,6 @@ keeps the batch split. Prints "lowerings sharding ok"."""
 
 import jax
 import numpy as np
-import polyconv_jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from polyconv_jax import _choice
@@ -49,7 +48,7 @@ for axis_type in (AxisType.Auto, AxisType.Explicit):
                 sharded = [jax.device_put(a, batch if a.shape[0] == N else replicated)
                            for a in plain]
                 for name in _choice.LOWERINGS[primitive]:
-                    with polyconv_jax.force_lowering(**{primitive: name}):
+                    with polyconv.implementation(f"jax:{primitive}={name}"):
                         got = jax.jit(fn)(*sharded)
                         want = jax.jit(fn)(*plain)
                     where = (axis_type, fmt, groups, primitive, name)
