@@ -50,7 +50,13 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
 }
-html_static_path: list[str] = []
+# No left sidebar ("Section Navigation"): the guide's pages have no sub-pages, so it was empty
+# and took the width that the porting tables and the code's shape comments need; the
+# navigation bar lists every page. The API reference keeps it, for its function pages.
+html_sidebars: dict[str, list[str]] = {page.stem: [] for page in DOCS.glob("*.md")
+                                       if page.stem != "api"}
+html_static_path = ["_static"]
+html_css_files = ["polyconv.css"]
 
 
 def _generate(app) -> None:
