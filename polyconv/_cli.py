@@ -91,14 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", add_help=False,
                            help="benchmark polyconv side by side with PyTorch and lax "
-                                "('polyconv bench --help' for options)")
+                                "('polyconv bench --help' for options; 'polyconv bench "
+                                "--first-calls --help' for first calls)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``polyconv bench``: the benchmark suite of :mod:`polyconv.benchmarks.suite`."""
+    """``polyconv bench``: the benchmark suite of :mod:`polyconv.benchmarks.suite`;
+    ``polyconv bench --first-calls``: the first calls of :mod:`polyconv.benchmarks.first_call`."""
+    if args.bench_args[:1] == ["--first-calls"]:
+        from .benchmarks.first_call import main as first_calls_main
+
+        return first_calls_main(args.bench_args[1:])
     from .benchmarks.suite import main as bench_main
 
     return bench_main(args.bench_args)

@@ -1,0 +1,58 @@
+"""``polyconv bench --first-calls`` runs on a tiny configuration and reports every plan it
+times, in its JSON and its table; no speed is asserted (the figures are the benchmark's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polyconv._cli import main
+from polyconv.benchmarks.first_call import AUTOTUNE_VARIABLES, UNSET_VARIABLES
+
+MNIST = "MNIST CNN: Conv 1->32 k3 28x28 NCX"
+
+
+@pytest.fixture
+def first_calls(tmp_path, capsys, monkeypatch):
+    """Run the command; its JSON and stdout. The variables it sets for its own plans are put
+    back after the test."""
+    for name in AUTOTUNE_VARIABLES:
+        monkeypatch.setenv(name, "0")
+    for name in UNSET_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*argv: str) -> tuple[dict, str]:
+        path = tmp_path / "first-calls.json"
+        assert main(["bench", "--first-calls", *argv, "--warm", "1", "--json", str(path)]) == 0
+        return json.loads(path.read_text()), capsys.readouterr().out
+
+    return run
+
+
+def test_numpy_part_times_each_primitive_of_a_layer(first_calls):
+    results, out = first_calls("--parts", "numpy", "--models", "MNIST")
+    assert results["measuring"] is False
+    assert results["side_by_side"] == [] and results["plans"] == []
+    rows = results["numpy"]
+    assert [r["primitive"] for r in rows] == ["forward", "backward_data", "backward_weights"]
+    for r in rows:
+        assert r["model"] == MNIST
+        assert all(r[k] > 0 for k in ("first_s", "later_s", "resolution_s", "ratio"))
+    assert "numpy: first call of a plan" in out and MNIST[:40] in out
+    assert "error" not in out
+
+
+def test_jax_plans_name_their_lowering_and_ratio(first_calls):
+    pytest.importorskip("jax")
+    results, out = first_calls("--parts", "grid,corpus", "--layers", "MNIST",
+                               "--grid-every", "90")
+    corpus = [r for r in results["plans"] if r["source"] == "corpus"]
+    assert [r["primitive"] for r in corpus] == ["forward", "backward_data", "backward_weights"]
+    assert len(results["plans"]) == len(corpus) + 2        # 179 grid plans, every 90th
+    for r in results["plans"]:
+        assert r["lowering"] and r["lowering"] != "?", r
+        assert r["polyconv_first_s"] > 0 and r["lax_first_s"] > 0 and r["ratio"] > 0
+    assert results["worst"] == sorted((r for r in results["plans"] if r["ratio"] > 3),
+                                      key=lambda r: -r["ratio"])
+    assert "5 plans" in out
