@@ -226,13 +226,22 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _cell(results) -> str:
-    """Worst err/bound of one backend over dtypes, as a table cell."""
-    if any(r.error for r in results):
+def _ratio(r) -> str:
+    """One result's err/bound as a table entry: two decimals, ``FAIL`` beyond the bound."""
+    if r.error:
         return "ERROR"
-    worst = max(r.max_ratio for r in results)
-    text = f"{worst:.2g}" if worst < float("inf") else "inf"
-    return text if all(r.ok for r in results) else f"FAIL {text}"
+    text = f"{r.max_ratio:.2f}" if r.max_ratio < float("inf") else "inf"
+    return text if r.ok else f"FAIL:{text}"
+
+
+def _cell(results, dtypes: Sequence[str]) -> str:
+    """One backend's err/bound in each dtype, in ``dtypes`` order (``-`` where it did not
+    run): 16-bit rounding no longer hides how close float32 comes."""
+    by_dtype: dict[str, list] = {}
+    for r in results:
+        by_dtype.setdefault(r.dtype, []).append(r)
+    return " ".join(_ratio(max(by_dtype[d], key=lambda r: (not r.ok, r.max_ratio)))
+                    if d in by_dtype else "-" for d in dtypes)
 
 
 def _suite_report(comparisons: list[Comparison], backends: list[str],
@@ -244,41 +253,61 @@ def _suite_report(comparisons: list[Comparison], backends: list[str],
             row["results"].setdefault(r.backend, []).append(r)
     table = []
     for (op, label), row in rows.items():
-        cells = [_cell(row["results"][b]) if row["results"].get(b) else "-" for b in backends]
+        cells = [_cell(row["results"].get(b, []), dtypes) for b in backends]
         table.append((display_name(op), label, _shape_str(row["shape"]), *cells))
-    lines = [f"max err/bound over dtypes (<= 1 is within {BOUND}):"]
+    lines = [f"err/bound of each backend in {' '.join(dtypes)}, in that order (<= 1 is "
+             f"within {BOUND}):"]
     lines += format_table(("op", "geometry", "output", *backends), table)
     per_dtype = []
     for dtype in dtypes:
-        cells = []
-        for b in backends:
-            rs = [r for c in comparisons if c.dtype == dtype for r in c.results
-                  if r.backend == b]
-            cells.append(_cell(rs) if rs else "-")
-        per_dtype.append((dtype, *cells))
+        rs = {b: [r for c in comparisons if c.dtype == dtype for r in c.results
+                  if r.backend == b] for b in backends}
+        per_dtype.append((dtype, *(_cell(rs[b], [dtype]) for b in backends)))
     lines.append("")
     lines += format_table(("worst by dtype", *backends), per_dtype)
     return lines
 
 
+def not_run(backends: Sequence[str]) -> list[str]:
+    """A line for each registered backend that did not run for want of its library: why,
+    and how to add it."""
+    from ._backends import get_backend, registered_backends
+
+    lines = []
+    for name in registered_backends():
+        if name in backends:
+            continue
+        try:
+            get_backend(name, "compare")
+        except ImportError as exc:
+            why = str(exc).removeprefix(f"compare: polyconv backend {name!r} is ")
+            lines.append(f"not run: {name}, {why.split(' (the distribution')[0]}")
+        except Exception as exc:   # a third party's backend that fails to load
+            lines.append(f"not run: {name}, which fails to load ({type(exc).__name__}: {exc})")
+    return lines
+
+
 def _summary(comparisons: list[Comparison], backends: list[str], dtypes: Sequence[str],
-             seconds: float) -> tuple[str, bool]:
+             seconds: float) -> tuple[list[str], bool]:
+    """What ran and the worst result, then the verdict, a short last line."""
     results = [(c, r) for c in comparisons for r in c.results]
     bad = [(c, r) for c, r in results if not r.ok]
     ok = bool(results) and not bad
-    head = (f"polyconv compare: {_plural(len(comparisons), 'comparison')} x "
-            f"{_plural(len(backends), 'backend')} ({', '.join(backends)}), "
-            f"{'dtype' if len(dtypes) == 1 else 'dtypes'} {', '.join(dtypes)}: ")
+    ran = (f"ran {_plural(len(comparisons), 'comparison')} on "
+           f"{_plural(len(backends), 'backend')} ({', '.join(backends)}) in "
+           f"{', '.join(dtypes)}, {seconds:.1f} s")
     if not results:
-        return head + "nothing ran", False
+        return [ran, "polyconv compare: nothing ran"], False
     c, r = max(results, key=lambda cr: (not cr[1].ok, cr[1].max_ratio))
     where = f"{r.backend}, {' '.join(filter(None, (display_name(c.op), c.label)))}, {c.dtype}"
-    worst = f"{r.max_ratio:.2g}" if r.max_ratio < float("inf") else "inf"
+    worst = f"{r.max_ratio:.2f}" if r.max_ratio < float("inf") else "inf"
+    detail = f"worst err/bound {worst}: {where}"
     if ok:
-        verdict = f"all {_plural(len(results), 'result')} within {BOUND}"
+        verdict = f"polyconv compare: OK, all {_plural(len(results), 'result')} within {BOUND}"
     else:
-        verdict = f"{len(bad)} of {len(results)} results FAILED"
-    return f"{head}{verdict} (worst err/bound {worst}: {where}) in {seconds:.1f} s", ok
+        verdict = (f"polyconv compare: {len(bad)} of {len(results)} results FAILED {BOUND} "
+                   f"(see above)")
+    return [ran, detail, verdict], ok
 
 
 def _plural(n: int, word: str) -> str:
@@ -349,8 +378,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         progress.done()
     seconds = time.perf_counter() - t0
     summary, ok = _summary(comparisons, backends, args.dtypes, seconds)
+    absent = [] if args.backends else not_run(backends)
     if args.json:
-        print(json.dumps({"ok": ok, "summary": summary, "seconds": seconds,
+        print(json.dumps({"ok": ok, "summary": summary[-1], "details": summary[:-1],
+                          "not_run": absent, "seconds": seconds,
                           "backends": backends, "dtypes": list(args.dtypes),
                           "comparisons": [c.to_dict() for c in comparisons]}))
         return 0 if ok else 1
@@ -367,5 +398,5 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 print(c)
                 print()
         print()
-    print(summary)
+    print("\n".join([*absent, *summary]))
     return 0 if ok else 1

@@ -224,7 +224,8 @@ def test_compare_one_op(capsys):
     code, out, err = run(capsys, "compare", *SMALL, "--dtypes", "f32,bf16")
     assert code == 0, out + err
     assert "FAIL" not in out and "ERROR" not in out
-    assert out.strip().splitlines()[-1].startswith("polyconv compare: 2 comparisons x ")
+    assert out.strip().splitlines()[-1].startswith("polyconv compare: OK, all ")
+    assert out.strip().splitlines()[-3].startswith("ran 2 comparisons on ")
     for backend in polyconv.available_backends():
         assert backend in out
 
