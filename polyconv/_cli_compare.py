@@ -376,7 +376,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                            label=job.label, **job.attrs))
     finally:
         progress.done()
-    seconds = time.perf_counter() - t0
+    return _report(args, comparisons, backends, custom, time.perf_counter() - t0)
+
+
+def _report(args: argparse.Namespace, comparisons: list[Comparison], backends: list[str],
+            custom: bool, seconds: float) -> int:
+    """Print the comparisons (as JSON with ``--json``) and the verdict; the exit status."""
     summary, ok = _summary(comparisons, backends, args.dtypes, seconds)
     absent = [] if args.backends else not_run(backends)
     if args.json:
