@@ -19,7 +19,10 @@ MODULES = sorted(
     [f"polyconv.{m.name}" for m in pkgutil.iter_modules(polyconv.__path__)
      if m.name != "__main__"]
     + ["polyconv_numpy", *(f"polyconv_numpy.{m.name}" for m in
-                           pkgutil.iter_modules(importlib.import_module("polyconv_numpy").__path__))])
+                           pkgutil.iter_modules(importlib.import_module("polyconv_numpy").__path__))]
+    # the dialects: each translates attributes with no framework installed
+    + [f"polyconv.dialects.{m.name}" for m in
+       pkgutil.iter_modules(importlib.import_module("polyconv.dialects").__path__)])
 
 
 @pytest.mark.parametrize("name", MODULES)
