@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "docs", "examples"]
+nox.options.sessions = ["lint", "tests", "frameworks", "docs", "examples"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
@@ -64,6 +64,28 @@ def tests(session: nox.Session, backend: str) -> None:
         _install_torch(session, backend)
     session.run("pytest", "-n", "auto", *session.posargs,
                 env={"POLYCONV_TEST_BACKENDS": targets})
+
+
+#: the tests that meet other frameworks' own runtimes (tests/conftest.py routes them to the
+#: ``frameworks`` group): the dialects and the weight converter; the layers' tests join here
+FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py"]
+#: what they run against; Keras 3 on its JAX backend stands for TensorFlow/Keras (TensorFlow
+#: itself is not installed: too large for the matrix)
+FRAMEWORK_DEPS = [".[jax,onnx,openvino]", "keras>=3", "flax>=0.10"]
+
+
+@nox.session
+def frameworks(session: nox.Session) -> None:
+    """The dialects, the weight converter and the layers against each framework's own
+    runtime: onnxruntime and the ONNX reference, OpenVINO, PyTorch (CPU), Keras (JAX
+    backend), Flax and ``lax``."""
+    import pathlib
+
+    session.install(*FRAMEWORK_DEPS, *TEST_DEPS)
+    _install_torch(session, "frameworks")
+    files = sorted({str(p) for pattern in FRAMEWORK_TESTS for p in pathlib.Path().glob(pattern)})
+    session.run("pytest", "-n", "2", *files, *session.posargs,
+                env={"POLYCONV_TEST_BACKENDS": "frameworks", "KERAS_BACKEND": "jax"})
 
 
 @nox.session
