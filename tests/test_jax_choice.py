@@ -562,3 +562,31 @@ def test_folded_forward_is_measured_on_channels_first_data_with_three_axes_only_
     assert "folded" in _candidates("forward", cl, "cpu")
     assert "folded" in _candidates("backward_weights", cf, "cpu")
     assert "folded" in _candidates("forward", cf, "gpu")
+
+
+@pytest.mark.parametrize("spatial", [(5, 5), (5, 5, 5)])
+@pytest.mark.parametrize("strides", [1, 2])
+def test_no_default_compiles_an_elementwise_loop_per_group(spatial, strides):
+    """Compile time is part of a choice's cost: where each group's own problem would go
+    elementwise, the CPU default is one elementwise program, not ``grouped`` with one per group
+    (issue 51's 3-D ConvTranspose of 4 groups of 5 -> 4 channels: 34 s to compile against
+    0.2 for ``direct``), and a 3-D or small plan is not split into regions (one more copy of
+    the loop each)."""
+    from polyconv_jax import _elementwise
+
+    nd = len(spatial)
+    plan = polyconv.infer_shape("ConvTranspose", (1, *spatial, 20), (*(3,) * nd, 4, 20),
+                                strides=strides, groups=4, weights_format="XOI")
+    for primitive in ("forward", "backward_data"):
+        p = plan.with_(primitive=primitive)
+        chosen = _policy(primitive, p)
+        assert chosen == "elementwise", (primitive, chosen)
+        assert not _elementwise.splits_by_regions(p)
+    big = polyconv.infer_shape("Convolution", (8, 64, 64, 16), (3, 3, 1, 16), groups=16,
+                               pads_begin=1, pads_end=1)
+    with _on("cpu"):
+        assert _elementwise.splits_by_regions(big)
+        assert not _elementwise.splits_by_regions(big.with_(
+            a_spatial=(32, 32, 32), b_spatial=(32, 32, 32), kernel=(3, 3, 3), strides=(1,) * 3,
+            dilations=(1,) * 3, pads_begin=(1,) * 3, pads_end=(1,) * 3,
+            output_padding=(0,) * 3))

@@ -52,12 +52,20 @@ def forward_elementwise(plan: ConvPlan, precision, a, w):
     return _elementwise_terms(plan, a, precision=precision, w=w)
 
 
+#: the elementwise lowerings split an output into regions only from this many multiply-adds:
+#: each region is one more copy of the loop to compile (up to ``3**nd``), which a smaller
+#: plan's call, well under a millisecond, cannot pay back
+REGIONS_MIN_MACS = 1_000_000
+
+
 def splits_by_regions(plan: ConvPlan) -> bool:
     """Whether the elementwise lowerings compute ``plan`` by regions of output rows
     (:func:`by_regions`) where a padded copy would be read: channels-last data, stride 1,
-    on CPU (the measurements of :func:`forward_elementwise`)."""
-    return (plan.channels_last and set(plan.strides) == {1}
-            and jax.default_backend() == "cpu")
+    one or two spatial axes, :data:`REGIONS_MIN_MACS` or more, on CPU (the measurements of
+    :func:`forward_elementwise`). A 3-D plan's 27 regions made its program 27 copies of the
+    loop, 4-9x as long to compile for no faster call (docs/design_notes.md)."""
+    return (plan.channels_last and set(plan.strides) == {1} and plan.ndim <= 2
+            and plan.macs >= REGIONS_MIN_MACS and jax.default_backend() == "cpu")
 
 
 def _region(plan: ConvPlan, a, axis: int, o0: int, o1: int):

@@ -47,11 +47,15 @@ ELEMENTWISE_POLICY_PRODUCT = 128
 
 
 def few_channels(plan: ConvPlan, contracted: int, most: int) -> bool:
-    """Whether ``plan`` is ungrouped with at most ``most`` ``contracted`` channels and at most
-    :data:`ELEMENTWISE_POLICY_PRODUCT` as ``Ca*Cb``: where the default policies take the
-    elementwise lowerings over XLA CPU's convolution."""
-    return (plan.groups == 1 and contracted <= most
-            and plan.a_channels * plan.b_channels <= ELEMENTWISE_POLICY_PRODUCT)
+    """Whether ``plan`` is ungrouped, or split per group (``grouped``), with at most ``most``
+    of its ``contracted`` channels and at most :data:`ELEMENTWISE_POLICY_PRODUCT` as
+    ``Ca/G * Cb/G`` per group: where the default policies take the elementwise lowerings over
+    XLA CPU's convolution. For a grouped plan that is one elementwise program where
+    ``grouped`` would hold one per group, each as slow to compile (a 3-D ConvTranspose of 4
+    groups of 5 -> 4 channels: 34 s against 2; docs/design_notes.md)."""
+    g = plan.groups
+    return ((g == 1 or splits_by_group(plan)) and contracted // g <= most
+            and (plan.a_channels // g) * (plan.b_channels // g) <= ELEMENTWISE_POLICY_PRODUCT)
 
 
 #: the default policy takes ``matmul_overlap_add`` for ungrouped plans whose product has at
