@@ -295,7 +295,7 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
     if len(set(names.values())) > 1:
         got = ", ".join(f"{n}.dtype={d}" for n, d in names.items())
         msg = (f"{op}: all inputs must share one floating dtype; got {got}: "
-               f"{cast_hint(arrays, names)}")
+               f"{cast_hint(names)}")
         raise TypeError(msg)
     return next(iter(names.values()))
 

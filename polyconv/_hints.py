@@ -1,6 +1,8 @@
 """The fixes that refusals name: how to rewrite an ``output_padding`` that another library
 accepts, how to cast inputs of two dtypes, how to pass a wrapper of a JAX array. Each
-returns the clause a message ends with (docs/semantics.md#validation)."""
+returns the clause a message ends with (docs/semantics.md#validation), in words that do not
+depend on the backend.
+"""
 
 from __future__ import annotations
 
@@ -32,24 +34,16 @@ def output_padding_rewrite(output_padding: tuple[int, ...], strides: tuple[int, 
             "axis of the result, holding the bias (zeros without one): they receive no product")
 
 
-def _cast(x: Any, name: str, to: str) -> str:
-    """The expression that casts input ``name`` to the dtype of input ``to``."""
-    if type(x).__module__.split(".", 1)[0] == "torch":
-        return f"{name}.to({to}.dtype)"
-    return f"{name}.astype({to}.dtype)"
-
-
-def cast_hint(arrays: dict[str, Any], dtypes: dict[str, str]) -> str:
-    """How to give every input one dtype: the weights and bias to the data's (the data is
-    the larger, and its dtype the one a layer computes in), or the data to the weights'."""
-    first = next(iter(arrays))
+def cast_hint(dtypes: dict[str, str]) -> str:
+    """How to give every input one dtype, in words every array library shares (the message
+    is the same on every backend): the others to the data's dtype (the one a layer computes
+    in), or the data to the others'."""
+    first = next(iter(dtypes))
     odd = [n for n, d in dtypes.items() if d != dtypes[first]]
-    other = odd[0]
-    to_data = ", ".join(_cast(arrays[n], n, first) for n in odd)
-    alike = " (and the others alike)" if len(dtypes) > 2 else ""
-    return (f"cast them to one dtype before the call: {to_data} to compute in "
-            f"{dtypes[first]}, or {_cast(arrays[first], first, other)}{alike} for "
-            f"{dtypes[other]}")
+    others = " and ".join(odd)
+    return (f"cast {others} to {dtypes[first]} ({first}'s dtype) to compute in "
+            f"{dtypes[first]}, or {first} to {dtypes[odd[0]]}, before the call (numpy and JAX: "
+            f".astype(dtype); PyTorch: .to(dtype))")
 
 
 def jax_wrapper_hint(arrays: dict[str, Any]) -> str:
