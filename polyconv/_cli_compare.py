@@ -255,8 +255,7 @@ def _suite_report(comparisons: list[Comparison], backends: list[str],
     for (op, label), row in rows.items():
         cells = [_cell(row["results"].get(b, []), dtypes) for b in backends]
         table.append((display_name(op), label, _shape_str(row["shape"]), *cells))
-    lines = [f"err/bound of each backend in {' '.join(dtypes)}, in that order (<= 1 is "
-             f"within {BOUND}):"]
+    lines = [f"err/bound in {' '.join(dtypes)}, in that order (<= 1: within the bound):"]
     lines += format_table(("op", "geometry", "output", *backends), table)
     per_dtype = []
     for dtype in dtypes:

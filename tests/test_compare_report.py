@@ -18,7 +18,7 @@ def test_each_dtype_has_its_own_error_relative_to_the_bound(capsys):
     code, out = _run(capsys, "--op", "Convolution", "--backends", "numpy", "--dtypes",
                      "float32,float16", "-q")
     assert code == 0, out
-    assert "err/bound of each backend in float32 float16, in that order" in out
+    assert "err/bound in float32 float16, in that order (<= 1: within the bound)" in out
     rows = [line for line in out.splitlines() if line.startswith("Convolution ")]
     assert rows
     pairs = [re.findall(r"(\d\.\d\d) (\d\.\d\d)\s*$", row) for row in rows]
