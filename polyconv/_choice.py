@@ -44,6 +44,8 @@ CACHE_FORMAT = "polyconv-autotune"
 CACHE_VERSION = 1
 
 PRIMITIVES: tuple[Primitive, ...] = ("forward", "backward_data", "backward_weights")
+#: default picks remembered per chooser (plans a process sees; the memo starts over past it)
+DEFAULTS_KEPT = 4096
 
 
 def _always(plan: ConvPlan) -> bool:
@@ -388,6 +390,7 @@ class Chooser:
         self._chosen: dict[str, str] = {}
         self._times: dict[str, dict[str, float]] = {}
         self._loaded: set[str] = set()
+        self._defaults: dict[tuple[str, ConvPlan, str | None], tuple[tuple[str, ...], str]] = {}
         _CHOOSERS[backend] = self
 
     # --- the records -----------------------------------------------------------------------
@@ -418,6 +421,19 @@ class Chooser:
         priced = {n: c(plan) for n in names if (c := self.get(primitive, n).cost) is not None}
         return min(priced, key=priced.__getitem__) if priced else names[0]
 
+    def _default_of(self, primitive: str, plan: ConvPlan) -> tuple[tuple[str, ...], str]:
+        """``(applicable names, default pick)``, remembered per plan: a repeated call of a
+        layer pays a dictionary lookup, not its rules and prices again."""
+        memo_key = (primitive, plan, plan.dtype)
+        known = self._defaults.get(memo_key)
+        if known is None:
+            names = self.applicable(primitive, plan)
+            known = names, self.default(primitive, plan, names)
+            if len(self._defaults) >= DEFAULTS_KEPT:
+                self._defaults.clear()
+            self._defaults[memo_key] = known
+        return known
+
     def forced(self, primitive: str) -> str | None:
         """The name forced for this backend's ``primitive``, the last matching item winning."""
         name = None
@@ -440,8 +456,7 @@ class Chooser:
                 self._log(primitive, plan, forced, "forced")
                 return forced
             self._log(primitive, plan, None, f"forced {forced!r} does not apply")
-        names = self.applicable(primitive, plan)
-        default = self.default(primitive, plan, names)
+        names, default = self._default_of(primitive, plan)
         if len(names) > 1 and measure is not None and autotune_enabled():
             job = measure(default)
             if job is not None and len(job.names) > 1:
@@ -519,6 +534,7 @@ class Chooser:
             self._times.clear()
             self._loaded.clear()
             self._measuring.clear()
+            self._defaults.clear()
 
     def _log(self, primitive: str, plan: ConvPlan, name: str | None, why: str) -> None:
         if log.isEnabledFor(logging.DEBUG):
