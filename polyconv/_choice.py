@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import math
 import os
-import tempfile
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from . import _cache_file
 from ._optable import Primitive
 from ._plan import ConvPlan
 
@@ -37,11 +34,7 @@ log = logging.getLogger("polyconv")
 
 FORCE_ENV = "POLYCONV_IMPLEMENTATION"
 AUTOTUNE_ENV = "POLYCONV_AUTOTUNE"
-CACHE_ENV = "POLYCONV_AUTOTUNE_CACHE"
 
-#: the disk cache's format; a file of another format or version is ignored with a warning
-CACHE_FORMAT = "polyconv-autotune"
-CACHE_VERSION = 1
 
 PRIMITIVES: tuple[Primitive, ...] = ("forward", "backward_data", "backward_weights")
 #: default picks remembered per chooser (plans a process sees; the memo starts over past it)
@@ -279,63 +272,6 @@ def pick(times: Mapping[str, float], keep: Sequence[tuple[str, float]] = ()) -> 
 
 
 # --------------------------------------------------------------------------------------------
-# the cache file
-# --------------------------------------------------------------------------------------------
-
-def _cache_path() -> Path | None:
-    path = os.environ.get(CACHE_ENV, "").strip()
-    return Path(path) if path else None
-
-
-def _read_cache(path: Path) -> dict[str, str]:
-    """The entries of a cache file; a missing file is empty, a corrupt or foreign one is
-    ignored with a warning (never trusted)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        warnings.warn(f"{CACHE_ENV}: cannot read {path} ({exc}); ignored", stacklevel=2)
-        return {}
-    try:
-        stored = json.loads(text)
-        ok = (stored.get("format") == CACHE_FORMAT and stored.get("version") == CACHE_VERSION
-              and isinstance(stored.get("choices"), dict))
-    except (ValueError, AttributeError):
-        ok = False
-    if not ok:
-        warnings.warn(f"{CACHE_ENV}: {path} is not a polyconv autotune cache of version "
-                      f"{CACHE_VERSION}; ignored (it is replaced when a plan is measured)",
-                      stacklevel=2)
-        return {}
-    return {k: v for k, v in stored["choices"].items()
-            if isinstance(k, str) and isinstance(v, str)}
-
-
-def _write_cache(path: Path, choices: Mapping[str, str]) -> None:
-    """Merge ``choices`` into the file: a private temporary in its folder, then an atomic
-    replace (no name another user can plant a link at, nothing left behind on failure)."""
-    merged = {**_read_cache(path), **choices}
-    body = json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION, "choices": merged},
-                      indent=0, sort_keys=True)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        warnings.warn(f"{CACHE_ENV}: cannot write {path} ({exc}); the choice is kept for "
-                      "this process only", stacklevel=2)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-
-# --------------------------------------------------------------------------------------------
 # the chooser
 # --------------------------------------------------------------------------------------------
 
@@ -495,19 +431,19 @@ class Chooser:
             with self._lock:
                 self._chosen[full] = choice
                 self._times[full] = times
-            path = _cache_path()
+            path = _cache_file.path()
             if path is not None:
-                _write_cache(path, {full: choice})
+                _cache_file.write(path, {full: choice})
         self._log(primitive, plan, choice, "measured "
                   + ", ".join(f"{n} {t * 1e3:.3g} ms" for n, t in times.items()))
         return choice
 
     def _known(self, full: str, names: Sequence[str]) -> str | None:
-        path = _cache_path()
+        path = _cache_file.path()
         with self._lock:
             if path is not None and str(path) not in self._loaded:
                 self._loaded.add(str(path))
-                self._chosen.update({k: v for k, v in _read_cache(path).items()
+                self._chosen.update({k: v for k, v in _cache_file.read(path).items()
                                      if k.startswith(self.backend + "|")})
             known = self._chosen.get(full)
         return known if known in names else None

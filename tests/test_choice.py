@@ -12,7 +12,7 @@ import time
 import pytest
 
 import polyconv
-from polyconv import _choice
+from polyconv import _cache_file, _choice
 from polyconv._choice import Chooser, Implementation, Measurement
 
 PLAN = polyconv.infer_shape("Convolution", (2, 8, 8, 4), (3, 3, 4, 6), weights_format="XIO",
@@ -30,7 +30,7 @@ def _record(name: str, applies=lambda plan: True) -> Implementation:
 @pytest.fixture
 def chooser(monkeypatch):
     """A backend ``fake`` with four forward implementations; ``narrow`` never applies."""
-    for var in (_choice.FORCE_ENV, _choice.AUTOTUNE_ENV, _choice.CACHE_ENV):
+    for var in (_choice.FORCE_ENV, _choice.AUTOTUNE_ENV, _cache_file.CACHE_ENV):
         monkeypatch.delenv(var, raising=False)
     c = Chooser("fake", [_record("plain"), _record("cheap"), _record("fast"),
                          _record("narrow", applies=lambda plan: False)])
@@ -165,12 +165,12 @@ def _fresh(chooser: Chooser) -> Chooser:
 
 def test_the_cache_file_carries_a_choice_to_another_process(chooser, tmp_path, monkeypatch):
     path = tmp_path / "sub" / "choices.json"
-    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     with polyconv.autotune():
         chooser.choose("forward", PLAN, measure=chooser.measure)
         stored = json.loads(path.read_text())
-        assert stored["format"] == _choice.CACHE_FORMAT
-        assert stored["version"] == _choice.CACHE_VERSION
+        assert stored["format"] == _cache_file.CACHE_FORMAT
+        assert stored["version"] == _cache_file.CACHE_VERSION
         assert list(stored["choices"].values()) == ["fast"]
         assert _fresh(chooser).choose("forward", PLAN, measure=chooser.measure) == "fast"
     assert len(chooser.timed) == 1
@@ -179,25 +179,25 @@ def test_the_cache_file_carries_a_choice_to_another_process(chooser, tmp_path, m
 
 @pytest.mark.parametrize("text", [
     "{not json", "[]", json.dumps({"format": "other", "version": 1, "choices": {}}),
-    json.dumps({"format": _choice.CACHE_FORMAT, "version": 99, "choices": {}}),
+    json.dumps({"format": _cache_file.CACHE_FORMAT, "version": 99, "choices": {}}),
 ])
 def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_warning(chooser, tmp_path,
                                                                    monkeypatch, text):
     path = tmp_path / "choices.json"
     path.write_text(text)
-    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     with polyconv.autotune(), pytest.warns(UserWarning, match="is not a polyconv autotune"):
         assert chooser.choose("forward", PLAN, measure=chooser.measure) == "fast"
     assert len(chooser.timed) == 1
-    assert json.loads(path.read_text())["version"] == _choice.CACHE_VERSION
+    assert json.loads(path.read_text())["version"] == _cache_file.CACHE_VERSION
 
 
 def test_a_cached_name_that_is_not_a_candidate_is_not_trusted(chooser, tmp_path, monkeypatch):
     path = tmp_path / "choices.json"
-    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     key = chooser._key("forward", PLAN, "")
-    path.write_text(json.dumps({"format": _choice.CACHE_FORMAT,
-                                "version": _choice.CACHE_VERSION, "choices": {key: "narrow"}}))
+    path.write_text(json.dumps({"format": _cache_file.CACHE_FORMAT,
+                                "version": _cache_file.CACHE_VERSION, "choices": {key: "narrow"}}))
     with polyconv.autotune():
         assert chooser.choose("forward", PLAN, measure=chooser.measure) == "fast"
     assert len(chooser.timed) == 1
@@ -209,7 +209,7 @@ def test_the_cache_is_written_through_a_private_temporary(chooser, tmp_path, mon
     victim.write_text("keep")
     for name in (f"choices.json.{os.getpid()}.tmp", ".choices.json.tmp"):
         (tmp_path / name).symlink_to(victim)      # links planted at predictable names
-    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     with polyconv.autotune():
         chooser.choose("forward", PLAN, measure=chooser.measure)
     assert victim.read_text() == "keep"
@@ -221,7 +221,7 @@ def test_a_cache_path_that_cannot_be_written_warns_and_leaves_nothing(chooser, t
                                                                      monkeypatch):
     path = tmp_path / "a-folder"
     path.mkdir()
-    monkeypatch.setenv(_choice.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     with polyconv.autotune(), pytest.warns(UserWarning, match="cannot"):
         assert chooser.choose("forward", PLAN, measure=chooser.measure) == "fast"
     assert list(tmp_path.iterdir()) == [path]

@@ -22,6 +22,7 @@ from oracle import assert_within_bound, reference  # noqa: E402
 from polyconv_jax import _choice, _grouped  # noqa: E402
 
 import polyconv  # noqa: E402
+from polyconv import _cache_file  # noqa: E402
 from polyconv import _choice as core  # noqa: E402
 
 CHOOSER = _choice.CHOOSER
@@ -61,7 +62,7 @@ def _applicable(primitive, plan, name, platform="cpu"):
 def measuring(monkeypatch, tmp_path):
     """Autotuning on for every plan, with an empty in-process cache and no cache file."""
     monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 0)
-    monkeypatch.delenv(core.CACHE_ENV, raising=False)
+    monkeypatch.delenv(_cache_file.CACHE_ENV, raising=False)
     CHOOSER.forget()
     jax.clear_caches()
     with polyconv.autotune(True):
@@ -271,7 +272,7 @@ def test_autotune_off_and_forcing_take_precedence(measuring, monkeypatch):
 
 def test_the_cache_file(measuring, monkeypatch):
     path = measuring / "choices.json"
-    monkeypatch.setenv(core.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
     assert _choice.choose("backward_data", _plan(), None) == "phases"
@@ -293,7 +294,7 @@ def test_a_multi_process_run_only_reads_the_cache_file(measuring, monkeypatch):
     """Every process must compile the same program: nothing is timed, a choice comes from the
     cache file, else the policy."""
     path = measuring / "choices.json"
-    monkeypatch.setenv(core.CACHE_ENV, str(path))
+    monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     calls = []
     monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
     monkeypatch.setattr(jax, "process_count", lambda: 2)

@@ -20,7 +20,7 @@ from oracle import assert_within_bound, reference
 from polyconv_numpy import CHOOSER, _exact, _measuring
 
 import polyconv
-from polyconv import _choice
+from polyconv import _cache_file, _choice
 from polyconv._choice import pick, time_candidates
 
 # a dense 3x3 layer the model puts at a few milliseconds, with several candidates
@@ -43,7 +43,7 @@ def _wrap(monkeypatch, wrapper) -> None:
 @pytest.fixture
 def fresh(monkeypatch):
     """No measurement yet in this process, no cache file, no switch in the environment."""
-    for var in (_choice.FORCE_ENV, _choice.AUTOTUNE_ENV, _choice.CACHE_ENV):
+    for var in (_choice.FORCE_ENV, _choice.AUTOTUNE_ENV, _cache_file.CACHE_ENV):
         monkeypatch.delenv(var, raising=False)
     CHOOSER.forget()
     yield
