@@ -440,6 +440,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.0f}"
 
 
+_SHORT = {"forward": "forward", "backward_data": "bwd data", "backward_weights": "bwd wts",
+          "5 forward calls": "all 5"}
+
+
 def _row(label: str, *cells: Any) -> str:
     return f"{label[:52]:52}" + "".join(
         f" {c:>9.2f}" if isinstance(c, float) else f" {c or '-':>9}" for c in cells)
@@ -456,7 +460,7 @@ def format_table(results: dict[str, Any], worst: int = 25) -> str:
     if results["numpy"]:
         lines.append(_row("numpy: first call of a plan", "primitive", "first", "later",
                           "resolve", "ratio"))
-        lines += [_row(r["model"], r.get("primitive", "")[:9], _ms(r.get("first_s")),
+        lines += [_row(r["model"], _SHORT.get(r.get("primitive"), "-"), _ms(r.get("first_s")),
                        _ms(r.get("later_s")), _ms(r.get("resolution_s")), r.get("ratio"))
                   for r in results["numpy"]]
     plans = sorted((r for r in results["plans"] if "ratio" in r), key=lambda r: -r["ratio"])
