@@ -70,3 +70,18 @@ def crops(who: str, begin: Sequence[int], end: Sequence[int], strides: Sequence[
 
 def extents(kernel: Sequence[int], dilations: Sequence[int]) -> tuple[int, ...]:
     return tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+
+
+def dilated_input_crops(who: str, pairs: Sequence[tuple[int, int]], eks: Sequence[int],
+                        strides: Sequence[int], why: str) -> dict[str, tuple[int, ...]]:
+    """:func:`crops` for the ``lax.conv_transpose`` convention: ``(lo, hi)`` zeros around the
+    stride-dilated input of a stride-1 convolution crop ``ek - 1 - lo`` and ``ek - 1 - hi``."""
+    return crops(who, [ek - 1 - lo for (lo, _), ek in zip(pairs, eks)],
+                 [ek - 1 - hi for (_, hi), ek in zip(pairs, eks)], strides, why)
+
+
+def namespace(x: Any):
+    """The array-API namespace of ``x`` (array-api-compat), for the weights' flips."""
+    from array_api_compat import array_namespace
+
+    return array_namespace(x)
