@@ -237,6 +237,11 @@ def test_same_upper_with_output_padding_is_onnx_shape_not_rule_t():
     assert got.shape == (1, 6, 10, 10)
     for want in runs.values():
         np.testing.assert_allclose(got, want)
+    # onnx's own shape inference disagrees with both runtimes (and with the operator's text):
+    # it adds output_padding to X * strides
+    inferred = onnx.shape_inference.infer_shapes(
+        _model("ConvTranspose", X.shape, W.shape, attrs)).graph.output[0]
+    assert [d.dim_value for d in inferred.type.tensor_type.shape.dim] == [1, 6, 11, 11]
 
 
 @pytest.mark.parametrize(("op_type", "attrs", "error", "match"), [

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-NEEDS_JAX = {"port_pytorch_conv_transpose.py", "train_decoder.py", "sharded_batch.py"}
+NEEDS_JAX = {"port_pytorch_conv_transpose.py", "train_decoder.py", "sharded_batch.py",
+             "onnx_attributes_on_jax.py"}
 
 
 def test_every_example_is_listed():
