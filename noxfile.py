@@ -68,10 +68,10 @@ def tests(session: nox.Session, backend: str) -> None:
 
 #: the tests that meet other frameworks' own runtimes (tests/conftest.py routes them to the
 #: ``frameworks`` group): the dialects and the weight converter; the layers' tests join here
-FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py"]
+FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py", "tests/test_layers_*.py"]
 #: what they run against; Keras 3 on its JAX backend stands for TensorFlow/Keras (TensorFlow
 #: itself is not installed: too large for the matrix)
-FRAMEWORK_DEPS = [".[jax,onnx,openvino]", "keras>=3", "flax>=0.10"]
+FRAMEWORK_DEPS = [".[jax,onnx,openvino,flax,equinox,keras]", "optax"]
 
 
 @nox.session
@@ -98,8 +98,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Every script in examples/, each in its own process, as a user would run it."""
-    session.install(".[jax]")
+    """Every script in examples/, each in its own process, as a user would run it (the
+    layers' examples need Flax, Equinox, Keras and optax)."""
+    session.install(".[jax,flax,equinox,keras]", "optax")
     import pathlib
 
     for script in sorted(pathlib.Path("examples").glob("*.py")):
