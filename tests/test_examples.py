@@ -14,11 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 NEEDS_JAX = {"port_pytorch_conv_transpose.py", "train_decoder.py", "sharded_batch.py",
              "onnx_attributes_on_jax.py"}
+#: the layers' examples -> the modules each needs (a visible skip where one is missing)
+NEEDS_MODULES = {"dcgan_flax_nnx.py": ("flax", "optax"),
+                 "equinox_grouped_conv_transpose.py": ("equinox", "optax"),
+                 "keras_model.py": ("keras", "jax")}
 
 
 def test_every_example_is_listed():
     names = {p.name for p in EXAMPLES}
-    assert {"quickstart.py", *NEEDS_JAX} <= names
+    assert {"quickstart.py", *NEEDS_JAX, *NEEDS_MODULES} <= names
 
 
 def _run(path: Path) -> subprocess.CompletedProcess:
@@ -37,6 +41,9 @@ def _run(path: Path) -> subprocess.CompletedProcess:
 def test_example_runs(path):
     if path.name in NEEDS_JAX and importlib.util.find_spec("jax") is None:
         pytest.skip(f"{path.name} needs jax, which is not installed")
+    missing = [m for m in NEEDS_MODULES.get(path.name, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{path.name} needs {', '.join(missing)}, not installed")
     _run(path)
 
 
