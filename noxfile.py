@@ -90,10 +90,13 @@ def frameworks(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The documentation, with warnings as errors (figures and CLI help are generated)."""
-    session.install(".[jax]", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    """The documentation, with warnings as errors (figures and CLI help are generated; the
+    layers' API pages import Flax, Equinox, Keras and torch)."""
+    session.install(".[jax,flax,equinox,keras]",
+                    *nox.project.dependency_groups(PYPROJECT, "docs"))
+    _install_torch(session, "docs")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html",
-                *session.posargs)
+                *session.posargs, env={"KERAS_BACKEND": "jax"})
 
 
 @nox.session

@@ -36,3 +36,16 @@ def terms(*arrays) -> int:
     """A generous upper bound on the products in any element of any of the three
     computations of a layer: all the values of its operands."""
     return int(sum(np.prod(np.shape(a)) for a in arrays)) + 1
+
+
+def assert_doctests_pass(module) -> None:
+    """The examples in ``module``'s docstrings run and print what they show."""
+    import doctest
+
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in finder.find(module, module.__name__):
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.attempted > 0 and result.failed == 0, (
+        f"{result.failed} of {result.attempted} examples failed in {module.__name__}")

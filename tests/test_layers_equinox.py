@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import only_with_target
-from layer_checks import assert_within_bound, terms
+from layer_checks import assert_doctests_pass, assert_within_bound, terms
 
 only_with_target("frameworks")
 jax = pytest.importorskip("jax")
@@ -169,3 +169,7 @@ def test_errors_name_the_fix():
                            key=jax.random.key(0))
     with pytest.raises(ValueError, match="vmap"):
         peqx.Conv(2, 2, 2, 3, key=jax.random.key(0))(jnp.ones((1, 2, 5, 5)))
+
+
+def test_docstring_examples():
+    assert_doctests_pass(peqx)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import only_with_target
-from layer_checks import assert_within_bound, terms
+from layer_checks import assert_doctests_pass, assert_within_bound, terms
 
 only_with_target("frameworks")
 jax = pytest.importorskip("jax")
@@ -252,3 +252,7 @@ def test_errors_name_the_fix():
         pflax.Conv(2, 2, 3, padding=-1, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="auto_pad"):
         pflax.ConvTranspose(2, 2, 3, auto_pad="same", rngs=nnx.Rngs(0))
+
+
+def test_docstring_examples():
+    assert_doctests_pass(pflax)

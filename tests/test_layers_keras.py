@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 from conftest import only_with_target
-from layer_checks import assert_within_bound, terms
+from layer_checks import assert_doctests_pass, assert_within_bound, terms
 
 only_with_target("frameworks")
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -199,3 +199,7 @@ def test_other_keras_backends_equal_keras(backend):
     for name, (library, error) in result.items():
         assert library == backend, name
         assert error < 1e-5, (name, error)
+
+
+def test_docstring_examples():
+    assert_doctests_pass(pkeras)

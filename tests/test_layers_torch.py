@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import only_with_target
-from layer_checks import assert_within_bound, terms
+from layer_checks import assert_doctests_pass, assert_within_bound, terms
 
 only_with_target("frameworks")
 torch = pytest.importorskip("torch")
@@ -161,3 +161,7 @@ def test_errors_name_the_fix():
         ptorch.Conv(2, 2, 2, 3, padding_mode="reflect")
     with pytest.raises(ValueError, match="auto_pad"):
         ptorch.ConvTranspose(2, 2, 2, 3, auto_pad="same")
+
+
+def test_docstring_examples():
+    assert_doctests_pass(ptorch)

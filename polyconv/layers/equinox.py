@@ -76,7 +76,7 @@ class Conv(eqx.Module):
     >>> conv = Conv(2, 4, 8, 3, stride=2, padding=((0, 1), (1, 1)), groups=2,
     ...             key=jax.random.key(0))
     >>> conv.weight.shape, conv(jnp.ones((4, 9, 9))).shape
-    ((8, 2, 3, 3), (8, 5, 5))
+    ((8, 2, 3, 3), (8, 4, 5))
     """
 
     num_spatial_dims: int = eqx.field(static=True)

@@ -106,7 +106,7 @@ kernel_metadata, bias_metadata
     >>> from polyconv.layers.flax import Conv
     >>> layer = Conv(3, 8, (3, 3), strides=2, padding=((0, 1), (1, 1)), rngs=nnx.Rngs(0))
     >>> layer.kernel.shape, layer(jnp.ones((2, 9, 9, 3))).shape
-    ((3, 3, 3, 8), (2, 5, 5, 8))
+    ((3, 3, 3, 8), (2, 4, 5, 8))
     """
 
     def __init__(self, in_features: int, out_features: int,

@@ -85,7 +85,7 @@ activity_regularizer, kernel_constraint, bias_constraint
     >>> from polyconv.layers.keras import Conv
     >>> layer = Conv(2, 8, 3, strides=2, padding=((0, 1), (1, 1)), groups=2)
     >>> layer(np.ones((1, 9, 9, 4), "float32")).shape
-    (1, 5, 5, 8)
+    (1, 4, 5, 8)
     """
 
     def __init__(self, rank: int, filters: int, kernel_size: Any, strides: Any = 1,

@@ -71,7 +71,7 @@ class Conv(_Base):
     >>> from polyconv.layers.torch import Conv
     >>> conv = Conv(2, 4, 8, 3, stride=2, padding=((0, 1), (1, 1)), groups=2)
     >>> conv.weight.shape, conv(torch.ones(1, 4, 9, 9)).shape
-    (torch.Size([8, 2, 3, 3]), torch.Size([1, 8, 5, 5]))
+    (torch.Size([8, 2, 3, 3]), torch.Size([1, 8, 4, 5]))
     """
 
     def __init__(self, rank: int, in_channels: int, out_channels: int,
