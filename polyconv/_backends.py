@@ -278,6 +278,19 @@ def dtype_name(x: Any) -> str:
     return str(x.dtype).rsplit(".", 1)[-1]
 
 
+def array_layout(x: Any) -> Any:
+    """A torch tensor's ``layout`` (``torch.strided`` when dense, ``torch.sparse_coo``, ...),
+    ``None`` for other arrays (whose ``layout``, if any, is not asked for: JAX's means memory
+    order, and a traced value has none)."""
+    return x.layout if _library(x) == "torch" else None
+
+
+def _sparse_layout(x: Any) -> str | None:
+    """The layout of a torch tensor that is not dense, or ``None``."""
+    layout = array_layout(x)
+    return None if layout is None or str(layout) == "torch.strided" else str(layout)
+
+
 def check_arrays(op: str, arrays: dict[str, Any]) -> str:
     """Every input is an array of one shared floating dtype; return its name
     (docs/semantics.md#data-types)."""
@@ -285,6 +298,11 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
         if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
             msg = (f"{op}: {name} must be an array (numpy, JAX or array-API); got "
                    f"{type(x).__name__}{jax_wrapper_hint({name: x})}")
+            raise TypeError(msg)
+        layout = _sparse_layout(x)
+        if layout is not None:
+            msg = (f"{op}: {name} must be a dense array; got a {layout} {type(x).__name__}: "
+                   f"pass {name}.to_dense()")
             raise TypeError(msg)
     names = {name: dtype_name(x) for name, x in arrays.items()}
     bad = {n: d for n, d in names.items() if d not in FLOAT_DTYPES}

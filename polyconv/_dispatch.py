@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from ._backends import (
+    array_layout,
     backend_limits,
     check_arrays,
     check_one_library,
@@ -77,16 +78,17 @@ _DISPATCH_SIZE = 4096
 
 
 def _dispatch_key(spec: OpSpec, arguments: dict[str, Any]) -> tuple | None:
-    """What dispatch depends on: the op, each array input's type, dtype and shape, and the
-    other arguments, where those are all plain values (:func:`_plain`); else ``None`` (the call
-    is checked and resolved in full). Equal keys pass the same checks and get the same plan,
-    so a repeated call skips them (they cost more than a small convolution on a fast
-    backend)."""
+    """What dispatch depends on: the op, each array input's type, dtype, shape and (torch)
+    layout, and the other arguments, where those are all plain values (:func:`_plain`); else
+    ``None`` (the call is checked and resolved in full). Equal keys pass the same checks and
+    get the same plan, so a repeated call skips them (they cost more than a small convolution
+    on a fast backend)."""
     arrays, others = [], []
     for name, value in arguments.items():
         if name in _ARRAY_PARAMETERS:
             arrays.append(None if value is None else (
-                type(value), getattr(value, "dtype", None), getattr(value, "shape", None)))
+                type(value), getattr(value, "dtype", None), getattr(value, "shape", None),
+                array_layout(value)))                      # torch's sparse tensors
         else:
             others.append(value)
     return (spec.name, *arrays, *others) if _plain(others) else None
