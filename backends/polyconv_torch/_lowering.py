@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -228,44 +229,98 @@ def _knob(name: str) -> _Knob | None:
 _KNOBS = {"cpu": _knob("mkldnn"), "cuda": _knob("cudnn")}
 
 
+class _Shared:
+    """One knob's setting while polyconv calls run, shared by every thread.
+
+    torch's float32 precision is process-wide (``at::Context``; no per-thread or per-call form
+    for convolutions), so one call's override is every running call's. Calls that need the
+    same value run together: the first sets it, the last restores the user's value; a call
+    that needs another value waits until they are done. A call never sees another call's
+    setting, nor has its own undone while it runs."""
+
+    __slots__ = ("cond", "count", "knob", "saved", "value")
+
+    def __init__(self, knob: _Knob):
+        self.knob, self.cond = knob, threading.Condition(threading.Lock())
+        self.count, self.value, self.saved = 0, None, None
+
+    def user(self) -> str:
+        """The user's own setting (under :attr:`cond`): saved while calls run."""
+        return self.saved if self.count else self.knob.read()
+
+
 class _Setting:
-    """The knob at ``value`` inside the block, restored after (a class: cheaper per call than
-    a generator-based context manager)."""
+    """A float32 call's knob value, decided from the user's own setting under the lock and
+    held for the whole block (a class: cheaper per call than a generator context manager)."""
 
-    __slots__ = ("before", "knob", "value")
+    __slots__ = ("cpu", "level", "shared")
 
-    def __init__(self, knob: _Knob, value: str):
-        self.knob, self.value, self.before = knob, value, None
+    def __init__(self, shared: _Shared, level: str, cpu: bool):
+        self.shared, self.level, self.cpu = shared, level, cpu
 
     def __enter__(self) -> None:
-        self.before = self.knob.read()
-        self.knob.write(self.value)
+        shared = self.shared
+        with shared.cond:
+            while True:
+                user = shared.user()
+                want = _wanted(user, self.level, self.cpu)
+                if shared.count == 0:
+                    if want != user:
+                        shared.knob.write(want)
+                    shared.saved, shared.value = user, want
+                    break
+                if shared.value == want:
+                    break
+                shared.cond.wait()
+            shared.count += 1
 
     def __exit__(self, *exc: Any) -> None:
-        self.knob.write(self.before)
+        shared = self.shared
+        with shared.cond:
+            shared.count -= 1
+            if shared.count == 0:
+                if shared.value != shared.saved:
+                    shared.knob.write(shared.saved)
+                shared.cond.notify_all()
+
+
+def _wanted(user: str, level: str, cpu: bool) -> str:
+    """The knob value a float32 call at ``level`` runs under, given the user's ``user``."""
+    # oneDNN's float32 is IEEE unless reduced process-wide (and there is no TF32 to allow)
+    if cpu and user in ("ieee", "none"):
+        return user
+    want = "ieee" if level == "HIGHEST" else "tf32"
+    if level == "DEFAULT" or (cpu and want == "tf32"):
+        return user
+    return want
+
+
+_SHARED: dict[_Knob, _Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(knob: _Knob) -> _Shared:
+    """The one :class:`_Shared` of ``knob``."""
+    shared = _SHARED.get(knob)
+    if shared is None:
+        with _SHARED_LOCK:
+            shared = _SHARED.setdefault(knob, _Shared(knob))
+    return shared
 
 
 def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.AbstractContextManager:
     """Full-precision float32 (IEEE) unless the caller opted in: on CUDA, cuDNN's default
     for convolutions is TF32; ``precision="high"`` allows TF32, ``"default"`` leaves torch's
-    own setting. On CPU, a process-wide reduced-precision oneDNN setting is overridden too."""
+    own setting. On CPU, a process-wide reduced-precision oneDNN setting is overridden too.
+    Concurrent calls share the override (:class:`_Shared`)."""
     if plan.dtype != "float32" or torch.compiler.is_compiling():
         # a compiled graph runs under the process-wide setting (torch.compile cannot trace
         # the change of a global flag; docs/backends.md says so)
         return _NO_CHANGE
-    cpu = device.type == "cpu"
     knob = _KNOBS.get(device.type)
     if knob is None:
         return _NO_CHANGE
-    now = knob.read()      # the one read of the common CPU call
-    # oneDNN's float32 is IEEE unless reduced process-wide (and there is no TF32 to allow)
-    if cpu and now in ("ieee", "none"):
-        return _NO_CHANGE
-    level = _level(plan.precision)
-    want = "ieee" if level == "HIGHEST" else "tf32"
-    if level == "DEFAULT" or now == want or (cpu and want == "tf32"):
-        return _NO_CHANGE
-    return _Setting(knob, want)
+    return _Setting(_shared(knob), _level(plan.precision), device.type == "cpu")
 
 
 # --------------------------------------------------------------------------------------------
