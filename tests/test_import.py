@@ -88,3 +88,19 @@ print(json.dumps({"shape": list(w.shape),
 """
     report = _run_fresh(script)
     assert report == {"shape": [3, 3, 4, 2], "loaded": []}
+
+
+def test_the_dialects_import_no_framework():
+    """Every dialect module, and an ONNX ConvTranspose run from its attributes on numpy,
+    load no framework: the torch dialect is not torch, the ONNX one needs no onnx."""
+    script = """
+import json, sys
+import numpy as np
+from polyconv.dialects import jax, keras, onnx, openvino, torch
+y = onnx.conv_transpose(np.ones((1, 2, 3, 3), np.float32), np.ones((2, 1, 3, 3), np.float32),
+                        auto_pad="SAME_UPPER", strides=[2, 2], output_padding=[1, 1])
+heavy = ("jax", "jaxlib", "torch", "onnx", "onnxruntime", "keras", "flax", "openvino")
+print(json.dumps({"shape": list(y.shape),
+                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] in heavy)}))
+"""
+    assert _run_fresh(script) == {"shape": [1, 1, 6, 6], "loaded": []}
