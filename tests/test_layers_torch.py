@@ -107,20 +107,21 @@ def test_asymmetric_pads_equal_torch_on_a_padded_input():
     torch.testing.assert_close(ours(x), theirs(padded), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("kernel", [4, 3])
-def test_same_conv_transpose_equals_torch_cropped(kernel):
-    """``padding="same"`` (pytorch#80301): torch's layer without padding, cropped by the
-    ``same_upper`` pads (total ``k - s``, the odd one at the end)."""
+@pytest.mark.parametrize(("kernel", "extra"), [(4, 0), (3, 0), (4, 1)])
+def test_same_conv_transpose_equals_torch_cropped(kernel, extra):
+    """``padding="same"`` (pytorch#80301): torch's layer without padding (with the same
+    ``output_padding``), cropped by the ``same_upper`` pads (total ``k - s``, the odd one at
+    the end): the output is ``in * stride + output_padding``."""
     ours, theirs = _pair(ptorch.ConvTranspose, torch.nn.ConvTranspose2d, 2, 4, 6, kernel,
-                         stride=2, padding="same")
+                         stride=2, padding="same", output_padding=extra)
     theirs.padding = (0, 0)
     x = _normal(1, (2, 4, 5, 4))
     total = kernel - 2
+    begin, end = total // 2, total - total // 2
     full = theirs(x)
-    cropped = full[..., total // 2:full.shape[-2] - (total - total // 2),
-                   total // 2:full.shape[-1] - (total - total // 2)]
+    cropped = full[..., begin:full.shape[-2] - end, begin:full.shape[-1] - end]
     y = ours(x)
-    assert y.shape[-2:] == (10, 8)
+    assert y.shape[-2:] == (10 + extra, 8 + extra)
     torch.testing.assert_close(y, cropped, rtol=2e-5, atol=2e-5)
 
 
