@@ -256,3 +256,22 @@ def test_errors_name_the_fix():
 
 def test_docstring_examples():
     assert_doctests_pass(pflax)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cls", ["Conv", "ConvTranspose"])
+def test_16_bit_within_the_bound_of_flax_in_float32(cls, dtype):
+    """``dtype=bfloat16`` / ``float16`` computes in that dtype (accumulating in float32,
+    one rounding): within the 16-bit bound of Flax's layer run in float32 on the same
+    16-bit values."""
+    kw = {"strides": 2, "kernel_dilation": 2}
+    ours = getattr(pflax, cls)(4, 6, (3, 3), dtype=getattr(jnp, dtype), rngs=nnx.Rngs(0), **kw)
+    theirs = getattr(nnx, cls)(4, 6, (3, 3), rngs=nnx.Rngs(0), **kw)
+    graph, state = nnx.split(theirs)
+    theirs = nnx.merge(graph, jax.tree.map(lambda a: a.astype(dtype).astype(F32), state))
+    x16 = _normal(1, (2, 9, 8, 4)).astype(dtype)
+    y = ours(x16)
+    assert y.dtype == jnp.dtype(dtype)
+    x = x16.astype(F32)
+    assert_within_bound(y, theirs(x), _absolute(theirs)(jnp.abs(x)),
+                        terms(x, y, ours.kernel[...]), dtype=dtype)
