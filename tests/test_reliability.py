@@ -6,12 +6,18 @@ backend.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
+import numpy as np
 import pytest
+from cases import build_case
+from oracle import EPS, assert_within_bound
 
 import polyconv
+from polyconv._backends import get_backend
+from polyconv._choice import _CHOOSERS
 
 # --------------------------------------------------------------------------------------------
 # sparse tensors
@@ -118,3 +124,114 @@ def test_torch_precision_override_holds_for_every_concurrent_call(target, torch_
     assert len(seen[2]) == 2 * 6 * 20 and set(seen[2]) == {"ieee"}
     assert len(seen[3]) == 2 * 2 * 20 and set(seen[3]) == {"bf16"}
     assert knob.fp32_precision == "bf16"
+
+
+# --------------------------------------------------------------------------------------------
+# non-finite weights (docs/numerics.md#nan-and-inf)
+# --------------------------------------------------------------------------------------------
+
+#: a busy call of each op (see cases.build_case): strided, grouped, asymmetric pads
+ROW = {"rank": 2, "kernel": 3, "strides": "mixed", "dilations": 1, "pads": "asym",
+       "auto_pad": "none", "groups": "some", "data_format": "NXC", "weights_format": "default",
+       "dtype": "float32", "spelling": "keyword", "bias": True, "output_padding": "max",
+       "dst": None, "wshape": "full"}
+
+#: the inputs whose non-finite values also meet a lowering's zeros: the weights, and the small
+#: tensor of the weight gradients
+WEIGHT_LIKE = [("convolution", 1), ("convolution_backward_data", 1), ("conv_transpose", 1),
+               ("conv_transpose_backward_data", 1), ("convolution_backward_weights", 1),
+               ("conv_transpose_backward_weights", 0)]
+
+#: the backends whose every implementation keeps a non-finite weight to the outputs that read it
+EXACT_LOCALITY = {"numpy"}
+
+
+def _implementations(backend: str, primitive: str) -> list[str | None]:
+    """``None`` (the default pick) and every implementation the backend's chooser names."""
+    get_backend(backend)
+    chooser = _CHOOSERS.get(backend)
+    return [None, *(chooser.names(primitive) if chooser is not None else ())]
+
+
+def _readers(call, arrays, which: int, index) -> np.ndarray:
+    """The output elements whose sum reads ``arrays[which][index]``: the oracle on an
+    indicator there and all-positive other inputs (no cancellation)."""
+    probe = [np.abs(a).astype(np.float64) + 1 for a in arrays]
+    probe[which] = np.zeros(arrays[which].shape)
+    probe[which][index] = 1
+    if len(probe) == 3:
+        probe[2] = np.zeros(arrays[2].shape)             # the bias reads nothing
+    return call.expected(probe).y != 0
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("pads", ["asym", "none"])
+@pytest.mark.parametrize(("fn", "which"), WEIGHT_LIKE)
+def test_nonfinite_weights_reach_what_the_docs_promise(target, fn, which, pads):
+    """On every implementation, forced or chosen: the outputs that read a non-finite weight
+    are non-finite; numpy's other outputs are finite; elsewhere a weight's non-finite value
+    stays in its output channel (docs/numerics.md#nan-and-inf)."""
+    call = build_case(fn, {**ROW, "pads": pads}, seed=4)
+    arrays = call.arrays()
+    plan = polyconv.infer_shape(fn, *(a.shape for a in arrays), **call.attrs)
+    axis = plan.weights_perm[0] if plan.primitive == "backward_weights" else plan.channel_axis
+    others = tuple(i for i in range(len(plan.shape)) if i != axis)
+    for index in (tuple(s // 2 for s in arrays[which].shape), (0,) * arrays[which].ndim):
+        hit = _readers(call, arrays, which, index)
+        channel = np.broadcast_to(hit.any(axis=others, keepdims=True), hit.shape)
+        for value in (np.nan, np.inf):
+            poisoned = [a.copy() for a in arrays]
+            poisoned[which][index] = value
+            for name in _implementations(target.backend, plan.primitive):
+                forcing = (contextlib.nullcontext() if name is None else
+                           polyconv.implementation(f"{target.backend}:{plan.primitive}={name}"))
+                with forcing:
+                    y = target.to_numpy(getattr(polyconv, fn)(
+                        *(target.asarray(a) for a in poisoned), backend=target.backend,
+                        **call.attrs))
+                bad, where = ~np.isfinite(y), f"{name or 'default'}, {value} at {index}"
+                assert bad[hit].all(), f"{where}: a non-finite value was lost"
+                if target.backend in EXACT_LOCALITY:
+                    np.testing.assert_array_equal(bad, hit, err_msg=where)
+                elif plan.primitive != "backward_weights":   # there: any weight
+                    assert not (bad & ~channel).any(), f"{where}: left its output channel"
+
+
+# --------------------------------------------------------------------------------------------
+# subnormal numbers (docs/numerics.md#subnormals)
+# --------------------------------------------------------------------------------------------
+
+def _flushes_subnormals(target) -> bool:
+    """Whether the target's arrays run in XLA, which flushes subnormals to zero."""
+    return target.array_library == "jax"
+
+
+@pytest.mark.parametrize("fn", ["convolution", "conv_transpose", "convolution_backward_weights",
+                                "conv_transpose_backward_data"])
+def test_subnormals_as_documented(target, fn):
+    """Subnormal float32 data, normal products: XLA flushes the data to zero and then meets
+    the bound on the flushed inputs plus ``2*n*tiny``; every other target meets the bound on
+    the inputs as they are."""
+    call = build_case(fn, {**ROW, "bias": False}, seed=5)
+    arrays = call.arrays()
+    # subnormal: the first batch element and the first channel (NXC), so that some outputs
+    # read only subnormal data; normal elsewhere
+    sub = np.zeros(arrays[0].shape, bool)
+    sub[0], sub[..., 0] = True, True
+    arrays[0] = (arrays[0] * np.where(sub, 2.0**-130, 2.0**-100)).astype(np.float32)
+    arrays[1] = (arrays[1] * 2.0**20).astype(np.float32)      # products normal
+    tiny = float(np.finfo(np.float32).tiny)
+    assert (np.abs(arrays[0]) < tiny).any() and (arrays[0] != 0).all()
+    y = target.to_numpy(getattr(polyconv, fn)(*(target.asarray(a) for a in arrays),
+                                              backend=target.backend, **call.attrs))
+    ref = call.expected(arrays)
+    if not _flushes_subnormals(target):
+        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+        return
+    with pytest.raises(AssertionError, match="outside the error bound"):
+        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")   # it does flush
+    flushed = [np.where(np.abs(a) < tiny, np.float32(0), a) for a in arrays]
+    fref = call.expected(flushed)
+    bound = (EPS["float32"] * np.abs(fref.y) + fref.n * EPS["float32"] * fref.abs_sum
+             + 2 * fref.n * tiny)
+    assert (np.abs(y - fref.y) <= bound).all()
