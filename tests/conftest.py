@@ -198,9 +198,13 @@ def only_with_target(name: str) -> None:
     _OWNED[sys._getframe(1).f_globals["__name__"]] = name
     requested = _requested()
     if requested and name not in requested:
-        pytest.skip(f"tests of the {name} backend's own features run where "
-                    f"POLYCONV_TEST_BACKENDS names {name!r} (nox -s \"tests({name})\")",
-                    allow_module_level=True)
+        if name in SESSION_GROUPS:
+            why = (f"tests against other frameworks' runtimes run where POLYCONV_TEST_BACKENDS "
+                   f"names {name!r} (nox -s {name})")
+        else:
+            why = (f"tests of the {name} backend's own features run where "
+                   f"POLYCONV_TEST_BACKENDS names {name!r} (nox -s \"tests({name})\")")
+        pytest.skip(why, allow_module_level=True)
 
 
 #: the target whose session also runs the tests that need no backend at all
