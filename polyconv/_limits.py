@@ -31,16 +31,19 @@ class IndexLimits:
     Attributes
     ----------
     bytes : int
-        The largest extent, element count or byte size of any tensor a call implies.
+        The largest extent, element count or byte size of any tensor a call implies. By
+        default ``2**57``: the largest virtual address space of a 64-bit processor (x86-64
+        with five-level paging), so that no tensor is refused that could exist in memory.
     attributes : int
-        The largest stride, dilation, pad or output padding.
+        The largest stride, dilation, pad or output padding (by default the largest int64).
     reason : str
         Why, for messages: the indexing that sets these limits.
     """
 
-    bytes: int = 2**63 - 1
+    bytes: int = 2**57
     attributes: int = 2**63 - 1
-    reason: str = "the 64-bit indexes of numpy and XLA"
+    reason: str = ("64-bit indexes, and no 64-bit processor addresses more than 2**57 bytes; "
+                   "XLA aborts the process on larger buffers")
 
 
 #: the limits of a backend that declares none
