@@ -67,10 +67,11 @@ class BackendHooks:
     concretization_errors : tuple of exception types, default ()
         What the backend's library raises when a traced value is made concrete (JAX under
         ``jax.jit``): the op then says that geometry arguments must be static.
-    limits : IndexLimits, default 64-bit indexing
+    limits : IndexLimits, default ``IndexLimits()``
         The largest numbers the backend can index: every stride, dilation, pad and size of a
         call, each extent and tensor they imply, is checked against them before the backend
-        is called (docs/semantics.md#validation). torch declares 32-bit attributes.
+        is called (docs/semantics.md#validation). The default: int64 attributes, tensors of
+        at most 2**57 bytes; torch declares 32-bit attributes.
     """
 
     libraries: tuple[str, ...] = ()
@@ -213,7 +214,7 @@ def get_backend(name: str, op: str = "polyconv") -> Backend:
 
 
 def backend_limits(backend: Backend) -> IndexLimits:
-    """What ``backend`` can index (its ``limits`` hook, else 64-bit indexing)."""
+    """What ``backend`` can index (its ``limits`` hook, else the default limits)."""
     return getattr(backend, "limits", INDEX_LIMITS)
 
 
