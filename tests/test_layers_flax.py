@@ -231,7 +231,7 @@ def test_state_round_trips_and_interchanges_with_flax(cls, tmp_path):
 
     ours = getattr(pflax, cls)(4, 6, (3, 3), strides=2, rngs=nnx.Rngs(1))
     path = tmp_path / "state.msgpack"
-    path.write_bytes(serialization.msgpack_serialize(nnx.state(ours).to_pure_dict()))
+    path.write_bytes(serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(ours))))
     restored = serialization.msgpack_restore(path.read_bytes())
     for target in (getattr(nnx, cls)(4, 6, (3, 3), strides=2, rngs=nnx.Rngs(2)),
                    getattr(pflax, cls)(4, 6, (3, 3), strides=2, rngs=nnx.Rngs(3))):

@@ -231,8 +231,8 @@ rngs, kernel_metadata, bias_metadata
         self.in_features, self.out_features = in_features, out_features
         self.kernel_size, self.strides, self.padding = kernel_size, strides, padding
         self.kernel_dilation, self.feature_group_count = kernel_dilation, feature_group_count
-        self.output_padding, self.auto_pad, self.data_format = output_padding, auto_pad, \
-            data_format
+        self.output_padding, self.auto_pad = output_padding, auto_pad
+        self.data_format = data_format
         self.use_bias, self.mask, self.transpose_kernel = use_bias, mask, transpose_kernel
         self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
         self.promote_dtype = promote_dtype
