@@ -4,6 +4,7 @@ One module per framework, each imported only when used (``import polyconv`` and
 ``import polyconv.layers`` import no framework):
 
 - :mod:`polyconv.layers.flax`: Flax ``nnx`` modules ``Conv`` and ``ConvTranspose``;
+- :mod:`polyconv.layers.linen`: the same for Flax ``linen``;
 - :mod:`polyconv.layers.equinox`: Equinox modules ``Conv`` and ``ConvTranspose``;
 - :mod:`polyconv.layers.keras`: Keras 3 layers ``Conv`` and ``ConvTranspose``;
 - :mod:`polyconv.layers.torch`: ``torch.nn`` modules ``Conv`` and ``ConvTranspose``.
