@@ -20,6 +20,7 @@ jnp = pytest.importorskip("jax.numpy")
 
 from oracle import assert_within_bound, reference  # noqa: E402
 from polyconv_jax import _choice, _grouped  # noqa: E402
+from polyconv_jax import _policy as rules  # noqa: E402
 
 import polyconv  # noqa: E402
 from polyconv import _cache_file  # noqa: E402
@@ -56,6 +57,13 @@ def _policy(primitive, plan, platform="cpu"):
 def _applicable(primitive, plan, name, platform="cpu"):
     with _on(platform):
         return CHOOSER.get(primitive, name).applies(plan)
+
+
+@pytest.fixture(autouse=True)
+def rules_at_any_size(monkeypatch):
+    """The plans here are small: the CPU rules are checked as they apply to larger ones
+    (test_small_plans_take_the_plain_lowering checks the small-plan rule)."""
+    monkeypatch.setattr(rules, "SMALL_MACS", 0)
 
 
 @pytest.fixture
@@ -563,6 +571,27 @@ def test_folded_forward_is_measured_on_channels_first_data_with_three_axes_only_
     assert "folded" in _candidates("forward", cl, "cpu")
     assert "folded" in _candidates("backward_weights", cf, "cpu")
     assert "folded" in _candidates("forward", cf, "gpu")
+
+
+@pytest.mark.parametrize("strides", [1, 2])
+def test_small_plans_take_the_plain_lowering(monkeypatch, strides):
+    """Compile time is part of a choice's cost: under 10^6 multiply-adds the CPU default is the
+    plain lowering (issue 51's grouped 3-D ConvTranspose: 0.1 s to compile against 1.3-2 s for
+    the elementwise loop, 34 s for the per-group one), a strided backward_data aside
+    (never left to XLA CPU's lhs-dilated convolution)."""
+    monkeypatch.setattr(rules, "SMALL_MACS", 1_000_000)
+    plan = polyconv.infer_shape("ConvTranspose", (1, 5, 5, 5, 20), (3, 3, 3, 4, 20),
+                                strides=strides, groups=4, weights_format="XOI")
+    assert plan.macs < rules.SMALL_MACS
+    for primitive in ("forward", "backward_data", "backward_weights"):
+        chosen = _policy(primitive, plan.with_(primitive=primitive))
+        strided = primitive == "backward_data" and strides > 1
+        assert (chosen == "direct") != strided, (primitive, chosen)
+        assert _policy(primitive, plan, "gpu") == rules.gpu_policy(
+            primitive, plan, _choice.CHOOSER.applicable(primitive, plan))
+    large = plan.with_(batch=8)
+    assert large.macs >= rules.SMALL_MACS
+    assert _policy("forward", large) == "elementwise"
 
 
 @pytest.mark.parametrize("spatial", [(5, 5), (5, 5, 5)])

@@ -268,14 +268,30 @@ CPU_RULES = {"forward": choose_forward, "backward_data": choose_backward_data,
              "backward_weights": choose_backward_weights}
 
 
+#: plans under this many multiply-adds take the plain lowering on CPU: its call takes
+#: milliseconds even on XLA CPU's grouped slow path, less than what compiling a decomposition
+#: adds (0.1-2 s on the test grid's plans, against 15-420 ms for the plain call's first call;
+#: docs/design_notes.md)
+SMALL_MACS = 1_000_000
+
+
+def small(plan: ConvPlan, primitive: str) -> bool:
+    """Whether ``plan`` is too small for any decomposition's compilation to pay (under
+    :data:`SMALL_MACS`), a strided backward_data aside: it is never left to XLA CPU's
+    lhs-dilated convolution (40x the phases on a DCGAN layer, 100-400x in 3-D: tens of
+    milliseconds a call even on a small plan)."""
+    return plan.macs < SMALL_MACS and not (
+        primitive == "backward_data" and any(s > 1 for s in plan.strides))
+
+
 def policy(primitive: str, plan: ConvPlan, names: Sequence[str],
            platform: str | None = None) -> str:
-    """The default among the applicable ``names`` (the chooser's policy): the CPU rules on CPU,
-    :func:`gpu_policy` on GPU, the plain lowering elsewhere; the first of ``names`` where a
-    rule's pick does not apply."""
+    """The default among the applicable ``names`` (the chooser's policy): the CPU rules on CPU
+    (the plain lowering for :func:`small` plans), :func:`gpu_policy` on GPU, the plain lowering
+    elsewhere; the first of ``names`` where a rule's pick does not apply."""
     platform = platform or jax.default_backend()
     if platform == "cpu":
-        name = CPU_RULES[primitive](plan)
+        name = PLAIN if small(plan, primitive) else CPU_RULES[primitive](plan)
     elif platform == "gpu":
         name = gpu_policy(primitive, plan, names)
     else:
