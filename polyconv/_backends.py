@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
-from ._geometry import ConvPlan
+from ._plan import ConvPlan
 from ._hints import cast_hint, jax_wrapper_hint
 from ._limits import INDEX_LIMITS, IndexLimits
 

@@ -46,10 +46,6 @@ def test_function_size(path):
 # --------------------------------------------------------------------------------------------
 
 PACKAGES = sorted([ROOT / "polyconv", *(p for p in ROOT.glob("backends/*") if p.is_dir())])
-#: cycles known and left to the owners of their modules (the test fails once one is gone, so
-#: that its entry goes too)
-KNOWN_CYCLES = {"polyconv": "_attributes.concrete imports _backends, which imports _geometry, "
-                            "which imports _attributes"}
 
 
 def _imports(package: Path, path: Path) -> set[str]:
@@ -108,7 +104,4 @@ def test_no_import_cycle(package):
     takes it as a parameter instead."""
     graph = {p.stem: _imports(package, p) for p in package.glob("*.py")}
     cycle = _cycle(graph)
-    if package.name in KNOWN_CYCLES:
-        assert cycle is not None, f"{package.name}: no cycle left; drop it from KNOWN_CYCLES"
-        pytest.xfail(f"{KNOWN_CYCLES[package.name]} ({' -> '.join(cycle)})")
     assert cycle is None, f"{package.name}: import cycle {' -> '.join(cycle)}"
