@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
-from ._plan import ConvPlan
 from ._hints import cast_hint, jax_wrapper_hint
 from ._limits import INDEX_LIMITS, IndexLimits
+from ._plan import ConvPlan
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
