@@ -142,8 +142,8 @@ def implementation(spec: str | None = None, **per_primitive: str) -> Iterator[No
     """Force implementations by name inside a ``with`` block (this thread or task only).
 
     ``spec`` is what ``POLYCONV_IMPLEMENTATION`` holds, comma-separated items of the form
-    ``[backend:][primitive=]name``: ``"overlap"`` forces it on every backend and primitive
-    that has it, ``"jax:backward_data=phases"`` one backend's one primitive. Keywords are
+    ``[backend:][primitive=]name``: ``"matmul_overlap_add"`` forces it on every backend and
+    primitive that has it, ``"jax:backward_data=phases"`` one backend's one primitive. Keywords are
     ``primitive=name`` items. The block's forcing replaces the environment's and adds to an
     enclosing block's. A forced implementation that cannot compute a plan leaves that plan
     to the default pick (the log says so). Unknown names raise ``ValueError``; the names are
@@ -154,7 +154,7 @@ def implementation(spec: str | None = None, **per_primitive: str) -> Iterator[No
     --------
     >>> import numpy as np, polyconv
     >>> x, w = np.ones((1, 4, 4, 8), np.float32), np.ones((3, 3, 3, 8), np.float32)
-    >>> with polyconv.implementation("numpy:backward_data=overlap"):
+    >>> with polyconv.implementation("numpy:backward_data=matmul_overlap_add"):
     ...     y = polyconv.conv_transpose(x, w, strides=2)
     >>> y.shape
     (1, 9, 9, 3)

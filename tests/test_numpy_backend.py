@@ -42,7 +42,7 @@ def _choose(primitive: str, plan) -> str:
 FORCED = {
     "exact": "exact",
     "gather": "gather",
-    "overlap": "overlap,backward_weights=gather_b",
+    "matmul_overlap_add": "matmul_overlap_add,backward_weights=gather_b",
     # depthwise channels-last plans; elsewhere the default pick (as for each below)
     "window": "window",
     # strided backward_data whose phases fill one window (k2 s2, k4 s2)
@@ -154,21 +154,21 @@ PLAN = polyconv.infer_shape("conv_transpose", (2, 8, 8, 16), (4, 4, 3, 16), stri
 def test_strategy_context_and_environment(monkeypatch):
     choose = _choose
     default = {p: choose(p, PLAN) for p in ("forward", "backward_data", "backward_weights")}
-    with _forcing("overlap"):
-        assert choose("forward", PLAN) == choose("backward_data", PLAN) == "overlap"
+    with _forcing("matmul_overlap_add"):
+        assert choose("forward", PLAN) == choose("backward_data", PLAN) == "matmul_overlap_add"
         assert choose("backward_weights", PLAN) == default["backward_weights"]
         with _forcing(backward_weights="gather_b", forward="gather"):
             assert choose("backward_weights", PLAN) == "gather_b"
             assert choose("forward", PLAN) == "gather"
-            assert choose("backward_data", PLAN) == "overlap"
-        assert choose("forward", PLAN) == "overlap"
+            assert choose("backward_data", PLAN) == "matmul_overlap_add"
+        assert choose("forward", PLAN) == "matmul_overlap_add"
     assert {p: choose(p, PLAN) for p in default} == default
     # the last item that names a primitive wins
     monkeypatch.setenv("POLYCONV_IMPLEMENTATION", "numpy:exact, numpy:backward_data=gather")
     assert choose("backward_data", PLAN) == "gather"
     assert choose("forward", PLAN) == choose("backward_weights", PLAN) == "exact"
-    with _forcing(backward_data="overlap"):       # the context replaces the environment
-        assert choose("backward_data", PLAN) == "overlap"
+    with _forcing(backward_data="matmul_overlap_add"):       # the context replaces the environment
+        assert choose("backward_data", PLAN) == "matmul_overlap_add"
         assert choose("forward", PLAN) == default["forward"]
 
 
@@ -194,7 +194,7 @@ def test_an_unknown_strategy_in_the_environment_names_the_variable(monkeypatch):
     x, w = np.ones((1, 6, 6, 2), np.float32), np.ones((3, 3, 2, 2), np.float32)
     for _ in range(2):
         with pytest.raises(ValueError, match=r"POLYCONV_IMPLEMENTATION: .*'numpy:col2im'.*"
-                                             r"numpy forward: gather, overlap"):
+                                             r"numpy forward: gather, matmul_overlap_add"):
             polyconv.convolution(x, w, weights_format="XIO")
 
 
@@ -204,7 +204,7 @@ def test_cost_model_prefers_overlap_for_a_narrow_written_side():
     narrow = polyconv.infer_shape("conv_transpose", (16, 32, 32, 64), (4, 4, 3, 64),
                                   strides=2, pads_begin=1, pads_end=1)
     wide = polyconv.infer_shape("conv_transpose", (8, 16, 16, 16), (3, 3, 128, 16), strides=2)
-    assert _choose("backward_data", narrow) == "overlap"
+    assert _choose("backward_data", narrow) == "matmul_overlap_add"
     assert _choose("backward_data", wide) == "gather"
     for plan in (narrow, wide):
         for prim in ("forward", "backward_data", "backward_weights"):
@@ -335,7 +335,7 @@ NONFINITE = [  # (op, src shape, weights shape, attrs, which input is poisoned)
 
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("op,src,wts,attrs,poison", NONFINITE)
-@pytest.mark.parametrize("name", ["default", "gather", "overlap", "window", "subpixel",
+@pytest.mark.parametrize("name", ["default", "gather", "matmul_overlap_add", "window", "subpixel",
                                   "planes", "patches", "space_to_depth", "im2col"])
 def test_nonfinite_inputs_propagate_exactly(name, op, src, wts, attrs, poison, value):
     # the exact path's result is the reference: padded positions add no term, so an inf in
@@ -401,8 +401,8 @@ def test_nonfinite_input_takes_the_exact_path(op):
     assert np.isinf(y).any() and np.isfinite(y).any()
 
 
-@pytest.mark.parametrize("strategy", ["default", "measured", "gather", "overlap", "window",
-                                      "subpixel", "planes", "patches", "space_to_depth",
+@pytest.mark.parametrize("strategy", ["default", "measured", "gather", "matmul_overlap_add",
+                                      "window", "subpixel", "planes", "patches", "space_to_depth",
                                       "im2col"])
 @pytest.mark.parametrize("case", [c for c in CASES if "1D" not in c.name],
                          ids=lambda c: c.name)
@@ -565,9 +565,9 @@ def test_thread_count_from_the_environment(monkeypatch):
 def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, groups, layout,
                                                            dtype):
     """A kernel no larger than the stride gives each output cell at most one tap's product:
-    ``overlap`` then copies each product (and the bias) into place instead of summing, and
-    fills the cells no tap reaches with the bias; both internal layouts (the written side's
-    channels decide), with and without gaps."""
+    ``matmul_overlap_add`` then copies each product (and the bias) into place instead of
+    summing, and fills the cells no tap reaches with the bias; both internal layouts (the
+    written side's channels decide), with and without gaps."""
     rng = np.random.default_rng(8)
     dt = numpy_dtype(dtype)
     src = (2, ic, 7, 5) if layout == "NCX" else (2, 7, 5, ic)
@@ -575,7 +575,7 @@ def test_overlap_with_one_term_per_cell_matches_the_oracle(geometry, ic, oc, gro
     w = rng.standard_normal((ic, oc // groups, 2, 2)).astype(dt)
     bias = rng.standard_normal(oc).astype(dt)
     attrs = dict(geometry, groups=groups, data_format=layout, weights_format="IOX")
-    with _forcing(backward_data="overlap"):
+    with _forcing(backward_data="matmul_overlap_add"):
         y = polyconv.conv_transpose(x, w, bias, **attrs)
     ref = reference("conv_transpose", x, w, bias, **attrs)
     assert y.shape == ref.shape and y.dtype == dt
@@ -733,7 +733,7 @@ def test_overlap_in_blocks_of_several_rows_matches_the_oracle(layout, monkeypatc
     fplan = polyconv.infer_shape("convolution", x.shape, w.shape,
                                  **{**attrs, "weights_format": "OIX"})
     assert _overlap.product_row_bytes(fplan, "forward", 4) == 4 * 9 * 64 * 5 * 4
-    with _forcing(backward_data="overlap"):
+    with _forcing(backward_data="matmul_overlap_add"):
         y = polyconv.conv_transpose(x, w, **attrs)
     ref = reference("conv_transpose", x, w, **attrs)
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")

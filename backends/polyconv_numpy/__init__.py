@@ -4,7 +4,7 @@ Each of the three primitives of the canonical convolution
 (docs/semantics.md#canonical-convolution) has several strategies, each a record
 (:class:`._costs.Strategy`) declared beside its kernel and priced from the counts its kernel
 moves; the core chooser (:mod:`polyconv._choice`) picks the cheapest, or the one forced with
-:func:`polyconv.implementation` (``POLYCONV_IMPLEMENTATION="numpy:forward=overlap"``), or,
+:func:`polyconv.implementation` (``POLYCONV_IMPLEMENTATION="numpy:forward=gather"``), or,
 when :func:`polyconv.autotune` is on, the fastest of those the model puts near its pick, timed
 on a plan's first call (:mod:`._measuring`). The strategies:
 
@@ -12,9 +12,9 @@ on a plan's first call (:mod:`._measuring`). The strategies:
   matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer. It
   copies ``T`` values per channel of the side it reads, and its product is as wide as the side
   it writes: good when the written side is wide.
-* ``overlap`` (:mod:`._overlap`, forward and backward_data): one matrix product of the read
-  tensor with all taps' weights side by side, then each tap's slice added into the strided
-  window it lands on (GEMM + col2im). It adds ``T`` values per channel of the side it
+* ``matmul_overlap_add`` (:mod:`._overlap`, forward and backward_data): one matrix product
+  of the read tensor with all taps' weights side by side, then each tap's slice added into
+  the strided window it lands on (GEMM + col2im). It adds ``T`` values per channel of the side it
   writes, and its product is ``T`` times as wide: good when the written side is narrow.
 * ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
   the large tensor's; good when the small tensor has the fewer channels.
@@ -30,7 +30,7 @@ on a plan's first call (:mod:`._measuring`). The strategies:
   primitive): the windows do not overlap, so they are a reshape of ``a``; one copy puts them
   in the product's order and one matrix product computes the primitive (a ViT patch
   embedding, a U-Net's 2x2 stride-2 up-convolution). No padding enters it: non-finite inputs
-  keep it, as they keep ``overlap``.
+  keep it, as they keep ``matmul_overlap_add``.
 * ``space_to_depth`` (:mod:`._space_to_depth`, ungrouped and undilated; forward and
   backward_weights): ``a`` cut into blocks of ``s`` positions per axis, each block one row of
   ``s^nd * Ca`` values, and the convolution a sum of ``ceil(K/s)^nd`` products over shifted,
@@ -44,11 +44,11 @@ on a plan's first call (:mod:`._measuring`). The strategies:
   ConvTransposes to few channels) and on 1-D layers.
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
-  Inf (the grid would add ``0 * inf`` terms); such calls take this path, or ``overlap``, which
-  adds in-range products only as well. Depthwise forward and backward_weights take it too
-  where it reads the data in place and the cost model finds it faster; ungrouped plans
-  where it measures faster (its per-tap products, one per kernel tap, sometimes beat the
-  grid's gathers on 3-D and strided layers).
+  Inf (the grid would add ``0 * inf`` terms); such calls take this path, or
+  ``matmul_overlap_add``, which adds in-range products only as well. Depthwise forward and
+  backward_weights take it too where it reads the data in place and the cost model finds it
+  faster; ungrouped plans where it measures faster (its per-tap products, one per kernel tap,
+  sometimes beat the grid's gathers on 3-D and strided layers).
 
 All work channels-last in float32 (float64 for float64 inputs), add the bias before the one
 rounding to the output dtype (docs/numerics.md#error-bound), and only read their inputs.

@@ -447,6 +447,6 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
 
 
 STRATEGIES = (
-    strategy("overlap", "forward", forward, _price, exact_on_nonfinite=True),
-    strategy("overlap", "backward_data", backward_data, _price, exact_on_nonfinite=True),
+    strategy("matmul_overlap_add", "forward", forward, _price, exact_on_nonfinite=True),
+    strategy("matmul_overlap_add", "backward_data", backward_data, _price, exact_on_nonfinite=True),
 )
