@@ -4,6 +4,7 @@ autotuning), or its policy."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 from functools import partial
@@ -18,8 +19,17 @@ only_with_target("jax")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from jax_grid import (  # noqa: E402
+    _CONV_VARIANTS,
+    _KERNEL,
+    _LARGE,
+    _LAYOUTS,
+    _SMALL,
+    _TRANSPOSE_VARIANTS,
+    _attrs,
+)
 from oracle import assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _choice, _grouped  # noqa: E402
+from polyconv_jax import _choice, _grouped, _subpixel  # noqa: E402
 from polyconv_jax import _policy as rules  # noqa: E402
 
 import polyconv  # noqa: E402
@@ -499,6 +509,15 @@ def _conv_plan(kernel, strides, groups=1, src=(2, 9, 9, 8), oc=8):
     (_conv_plan((3, 3), 1, groups=2, src=(2, 9, 9, 16), oc=16), ("direct", "direct", "direct")),
     # one tap with a stride: XLA GPU may abort compiling its im2col, so never patches
     (_conv_plan((1, 1), 2), ("direct", "matmul_overlap_add", "direct")),
+    # ... without one: the data gradient is one matrix product
+    (_conv_plan((1, 1), 1), ("patches_matmul", "phases_matmul", "patches_matmul")),
+    # one tap per phase (k2 s2): the sub-pixel convolution, its overlap-add being a reshape
+    (_conv_plan((2, 2), 2), ("patches_matmul", "subpixel_matmul", "patches_matmul")),
+    # 6x6 = 36 taps: the weight gradient does not gather either
+    (_conv_plan((6, 6), 2), ("direct", "matmul_overlap_add", "direct")),
+    # a few wide groups (StyleGAN2's 4 x 512): one convolution per group
+    (_conv_plan((3, 3), 1, groups=2, src=(2, 9, 9, 128), oc=128),
+     ("grouped", "grouped", "direct")),
 ])
 def test_the_gpu_policy(plan, expected):
     """Without measuring, a GPU takes the rules measured on an H100 and an H200; every other
@@ -620,3 +639,76 @@ def test_no_default_compiles_an_elementwise_loop_per_group(spatial, strides):
             a_spatial=(32, 32, 32), b_spatial=(32, 32, 32), kernel=(3, 3, 3), strides=(1,) * 3,
             dilations=(1,) * 3, pads_begin=(1,) * 3, pads_end=(1,) * 3,
             output_padding=(0,) * 3))
+
+
+def _grid_plans():
+    """The JAX attribute grid's plans (tests/jax_grid.py), as given and with their channels
+    and batch scaled past the small-plan bound, so that the CPU rules decide."""
+    for op, variants, spatial in (("Convolution", _CONV_VARIANTS, _LARGE),
+                                  ("ConvTranspose", _TRANSPOSE_VARIANTS, _SMALL)):
+        for (nd, fmt, wfmt), variant in itertools.product(_LAYOUTS, variants):
+            attrs = _attrs(variant, nd, fmt, wfmt)
+            for scale in (1, 16):
+                ic, oc = 4 * scale, 8 * scale
+                groups = ic if variant.get("groups") == "dw" else variant.get("groups", 1)
+                o, i = (oc, ic // groups) if op == "Convolution" else (oc // groups, ic)
+                sizes = {"O": (o,), "I": (i,), "X": _KERNEL[nd]}
+                w = tuple(itertools.chain.from_iterable(sizes[c] for c in wfmt))
+                x = (8 * scale, *spatial[nd], ic) if fmt == "NXC" else (
+                    8 * scale, ic, *spatial[nd])
+                yield polyconv.infer_shape(op, x, w, groups=groups, **attrs).with_(
+                    dtype="float32")
+
+
+def test_every_rule_picks_an_applicable_exact_lowering():
+    """The CPU rules and the GPU policy name a lowering that applies to the plan (the chooser
+    would otherwise fall back silently to the plain one), and for backward_data one exact on
+    non-finite inputs, over the attribute grid of the JAX tests."""
+    plans = list(_grid_plans())
+    assert any(p.macs >= rules.SMALL_MACS for p in plans)
+    for plan, primitive, platform in itertools.product(
+            plans, ("forward", "backward_data", "backward_weights"), ("cpu", "gpu")):
+        p = plan.with_(primitive=primitive)
+        with _on(platform):     # what applies depends on the platform
+            names = CHOOSER.applicable(primitive, p)
+            name = (rules.CPU_RULES[primitive](p) if platform == "cpu"
+                    else rules.gpu_policy(primitive, p, names))
+        assert name in names, (platform, primitive, name, p)
+        assert (CHOOSER.get(primitive, name).exact_on_nonfinite
+                or _subpixel.subpixel_is_exact(p)), (platform, primitive, name, p)
+
+
+def _cl_plan(src, kernel, oc, strides=1, dilations=1, groups=1):
+    """A channels-last convolution, padded to keep its size (strides aside)."""
+    pad = [(k - 1) * dilations // 2 for k in kernel]
+    return polyconv.infer_shape("Convolution", src, (*kernel, src[-1] // groups, oc),
+                                strides=strides, dilations=dilations, groups=groups,
+                                pads_begin=pad, pads_end=pad, weights_format="XIO")
+
+
+@pytest.mark.parametrize(("plan", "expected"), [
+    # a 1x1 kernel is one matrix product (ResNet-50's bottleneck 256->64)
+    (_cl_plan((4, 28, 28, 256), (1, 1), 64),
+     ("patches_matmul", "phases_matmul", "patches_matmul")),
+    # stride 1, 2-D channels-last: the first axis's taps folded into channels
+    (_cl_plan((4, 28, 28, 64), (3, 3), 64), ("folded", "phases_folded", "folded")),
+    # k2 s2 (U-Net's up-convolution): space-to-depth, overlap-add as a reshape, im2col
+    (_cl_plan((4, 32, 32, 64), (2, 2), 128, strides=2),
+     ("subpixel", "matmul_overlap_add", "patches_matmul")),
+    # a stem (3 channels in, k7 s2): folded, multiply-then-overlap-add, bands
+    (_cl_plan((2, 112, 112, 3), (7, 7), 64, strides=2),
+     ("folded", "matmul_overlap_add", "bands")),
+    # a dilated kernel over wide channels (DeepLabV3's ASPP): one product per tap
+    (_cl_plan((1, 33, 33, 512), (3, 3), 128, dilations=6), ("taps", "taps", "taps")),
+    # strided 3-D: gather patches, multiply then overlap-add
+    (_cl_plan((2, 16, 16, 16, 32), (3, 3, 3), 64, strides=2),
+     ("patches_matmul", "matmul_overlap_add", "patches_matmul")),
+    # ResNeXt's groups of 4: elementwise, the weight gradient per group
+    (_cl_plan((4, 28, 28, 128), (3, 3), 128, groups=32),
+     ("elementwise", "elementwise", "grouped")),
+])
+def test_the_cpu_policy(plan, expected):
+    """The CPU rules by the plan's geometry (docs/design_notes.md has the records)."""
+    primitives = ("forward", "backward_data", "backward_weights")
+    assert plan.macs >= rules.SMALL_MACS
+    assert tuple(_policy(p, plan.with_(primitive=p), "cpu") for p in primitives) == expected

@@ -14,12 +14,12 @@ import jax
 from polyconv import ConvPlan
 from polyconv._phases import phases as plan_phases
 
-from . import _sliced
+from . import _sliced, _space_to_depth, _taps
 from ._common import _phases
 from ._elementwise import ELEMENTWISE_MAX_CHANNELS, depthwise_applies
-from ._grouped import splits_by_group
+from ._grouped import splits_by_group, weights_apply
 from ._patches import patches_fit
-from ._plain import BAND_POSITIONS, BANDS_MIN_CHANNELS, bands_apply
+from ._plain import bands_apply
 from ._subpixel import subpixel_is_exact
 
 #: each primitive's plain lowering (a hand-written ``lax`` call's)
@@ -58,10 +58,10 @@ def few_channels(plan: ConvPlan, contracted: int, most: int) -> bool:
             and (plan.a_channels // g) * (plan.b_channels // g) <= ELEMENTWISE_POLICY_PRODUCT)
 
 
-#: the default policy takes ``matmul_overlap_add`` for ungrouped plans whose product has at
-#: most this many columns (``Ca*prod(K)``: an image or volume decoder's last layer, 3-D 64->1
-#: k3 s2: 13x faster than ``phases_matmul``, DCGAN 64->3 k4 s2: 2-5x)
-NARROW_COLUMNS = 64
+#: the output side of a backward_data is narrow up to this many channels (``Ca``) ...
+NARROW_OUT_CHANNELS = 4
+#: ... against at least this many contracted ones (``Cb``)
+NARROW_WIDE_CHANNELS = 64
 
 
 #: ... for plans of at least this many multiply-adds (smaller ones were not measured)
@@ -69,10 +69,60 @@ NARROW_MIN_MACS = 10_000_000
 
 
 def narrow(plan: ConvPlan) -> bool:
-    """An ungrouped plan of some size whose large side has few columns per input row
-    (``Ca*prod(K) <= NARROW_COLUMNS``): the default policy multiplies first there."""
-    return (plan.groups == 1 and plan.a_channels * math.prod(plan.kernel) <= NARROW_COLUMNS
-            and plan.macs >= NARROW_MIN_MACS)
+    """An ungrouped plan of some size whose ``a`` side has few channels against a wide ``b``
+    side: a backward_data there multiplies first (one wide product) and overlap-adds its
+    narrow result, where the phase convolutions would each have a narrow output."""
+    return (plan.groups == 1 and plan.a_channels <= NARROW_OUT_CHANNELS
+            and plan.b_channels >= NARROW_WIDE_CHANNELS and plan.macs >= NARROW_MIN_MACS)
+
+
+#: im2col gathers at most this many copies of ``a`` (``prod(K)/prod(S)``) ...
+PATCHES_MAX_COPIES = 4
+#: ... in at most this many slices (one per kernel tap)
+PATCHES_MAX_TAPS = 32
+
+
+def gathers_little(plan: ConvPlan) -> bool:
+    """Whether gathering ``a``'s patches copies it at most :data:`PATCHES_MAX_COPIES` times in
+    at most :data:`PATCHES_MAX_TAPS` slices (strided kernels, 1x1): there one matrix product
+    over the patches beats XLA CPU's convolution; a stride-1 3x3 copies the image 9 times,
+    and a slice per tap of a 16x16 kernel compiles for seconds."""
+    taps = math.prod(plan.kernel)
+    return (plan.groups == 1 and taps <= PATCHES_MAX_TAPS
+            and taps <= PATCHES_MAX_COPIES * math.prod(plan.strides) and patches_fit(plan))
+
+
+#: space-to-depth (``subpixel`` forward) up to this many contracted channels (or any count
+#: where the kernel equals the stride): it multiplies the contraction by ``prod(S)``
+SUBPIXEL_MAX_CHANNELS = 32
+
+
+def dilated(plan: ConvPlan) -> bool:
+    """A dilated kernel: XLA CPU's dilated convolution is a slow path, where ``taps`` (one
+    product per tap over strided views) gathers nothing."""
+    return any(d > 1 for d in plan.dilations)
+
+
+def folds(plan: ConvPlan) -> bool:
+    """A 2-D channels-last plan whose first kernel axis has several taps: stacking them along
+    channels (``folded``) widens the contraction and leaves XLA CPU a 1-D convolution it runs
+    well; with one tap on that axis nothing is folded."""
+    return plan.ndim == 2 and plan.channels_last and plan.kernel[0] > 1
+
+
+#: the gradients fold without a stride from this many channels on both sides (the narrowest
+#: where the records show ``folded`` and ``phases_folded`` winning; below, the plain one)
+FOLDED_MIN_CHANNELS = 64
+
+
+def folds_wide(plan: ConvPlan) -> bool:
+    """:func:`folds`, with at least :data:`FOLDED_MIN_CHANNELS` channels on both sides."""
+    return folds(plan) and min(plan.a_channels, plan.b_channels) >= FOLDED_MIN_CHANNELS
+
+
+def one_tap(plan: ConvPlan) -> bool:
+    """A 1x1 kernel: one matrix product, which XLA CPU's convolution runs up to 4x slower."""
+    return math.prod(plan.kernel) == 1
 
 
 def upsamples(plan: ConvPlan) -> bool:
@@ -91,121 +141,123 @@ def upsamples(plan: ConvPlan) -> bool:
 
 
 def choose_forward(plan: ConvPlan) -> str:
-    """The default forward lowering on CPU: ``elementwise`` for groups with at most
-    :data:`ELEMENTWISE_POLICY_CHANNELS` input channels each (XLA CPU's grouped convolution
-    is a slow path: 40x for a depthwise 3x3, 6x more with a stride) and for ungrouped plans
-    of as few input channels and few output ones (:func:`few_channels`), ``grouped`` for other
-    groups up to :data:`GROUPED_MAX_GROUPS` (that path costs about as much as the ungrouped
-    convolution: 4 groups of 16 channels 3.5-4x, of 512 5-8x), ``patches_matmul`` for
-    other ungrouped plans with few input columns (``Ca*prod(K) <= 64`` and 10^7 multiply-adds
-    or more: 3-D 2->128 k3 s2; 3-D 1->64 k3 s2 3.3 ms against 22, ``elementwise`` 2.0),
-    ``sliced`` where :func:`~polyconv_jax._sliced.slices`
-    (3-4x), else ``direct``."""
+    """The default forward lowering on CPU. Few input channels per group go elementwise (XLA
+    CPU's grouped convolution is a slow path), other groups ``grouped``; dilated kernels
+    ``taps``; strided 3-D plans gather patches (its 3-D convolutions are slow), stride-1 ones
+    ``sliced``; strided plans with narrow inputs or kernels equal to their strides go
+    space-to-depth (``subpixel``: a wide stride-1 contraction); ungrouped plans of few
+    channels elementwise (:func:`few_channels`); 1x1 kernels one matrix product; 2-D
+    channels-last plans ``folded`` (:func:`folds`) without a stride or with few input
+    channels (strided wide ones gain within noise); else ``direct``."""
     if (few_per_group(plan, plan.a_channels)
-            or few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS)):
+            or (few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS)
+                and not any(s > 1 for s in plan.strides))):
         return "elementwise"
     if plan.groups > 1:
         return "grouped" if splits_by_group(plan) else "direct"
-    if narrow(plan) and patches_fit(plan):
+    if dilated(plan):
+        return "taps" if _taps.measured(plan, plan.a_channels) else "direct"
+    strided = any(s > 1 for s in plan.strides)
+    if plan.ndim >= 3:
+        if strided:
+            return "patches_matmul" if patches_fit(plan) else "direct"
+        return "sliced" if _sliced.slices(plan) else "direct"
+    if _space_to_depth.applies(plan) and (
+            plan.a_channels <= SUBPIXEL_MAX_CHANNELS or plan.kernel == plan.strides):
+        return "subpixel"
+    if few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS):
+        return "elementwise"
+    if one_tap(plan) and patches_fit(plan):
         return "patches_matmul"
-    return "sliced" if _sliced.slices(plan) else "direct"
+    if folds(plan) and (not strided or plan.a_channels <= SUBPIXEL_MAX_CHANNELS):
+        return "folded"
+    return "direct"
 
 
 def choose_backward_data(plan: ConvPlan) -> str:
-    """The backward_data lowering for a plan (measured on XLA CPU: see the module docstring).
+    """The backward_data lowering on CPU. Only lowerings that form exactly the canonical
+    products are chosen (``subpixel*`` only where :func:`subpixel_is_exact`).
 
-    Only lowerings that form exactly the products of the canonical convolution are chosen (NaN
-    and infinity in
-    ``b`` reach exactly the outputs that read them): ``subpixel*`` only where
-    :func:`subpixel_is_exact`.
-
-    1. Groups with at most 4 input channels each (depthwise: 1, any channel multiplier):
-       ``elementwise``, with or without a stride (XLA CPU's grouped convolutions are a slow
-       path: 40x for a stride-1 depthwise 3x3); so do ungrouped plans with at most 8 input
-       channels and ``Ca*Cb <= 128`` (:func:`few_channels`; LeNet-5's
-       first input gradient, 6->1 5x5, 3.6 ms against 0.7; 16->8 3x3 0.9 against 0.6).
-       ``upsampled`` instead where :func:`upsamples`.
-    2. No stride: ``direct`` (nothing to decompose; one stride-1 convolution); ``sliced``
-       where :func:`~polyconv_jax._sliced.slices` (3-D: 2-D convolutions, 2.5-3.5x);
-       ``grouped`` for groups up to :data:`~polyconv_jax._grouped.GROUPED_MAX_GROUPS` (XLA
-       CPU's grouped convolution costs about as much as the ungrouped one: 4 groups of 16
-       channels 4x, 2 groups of 32 in 3-D 9x).
-       Ungrouped with a narrow output side (:func:`narrow`): ``matmul_overlap_add``.
-    3. Other groups: ``grouped`` (one ungrouped problem per group, each chosen by rules 4-8)
-       up to :data:`~polyconv_jax._grouped.GROUPED_MAX_GROUPS` groups, else
-       ``phases_matmul`` (products batched over the groups).
-    4. At most one tap per phase (k2 s2, k1 s2, ...): ``phases_matmul`` (each phase is one
-       plain matrix product).
-    5. Narrow channels (``min(Cb, Ca) <= 16``): ``subpixel_matmul`` where exact, else
-       ``phases_matmul``.
-    6. 2-D: ``phases``; for float16/bfloat16 ``phases_matmul`` (XLA CPU's 16-bit matrix
-       products are faster than its 16-bit convolutions).
-    7. 1-D: ``subpixel`` where exact (k16 s8), else ``phases``.
-    8. 3-D: ``phases_folded`` (2-D convolutions; XLA CPU's small-window 3-D convolutions are
-       slow, and ``phases_matmul``'s patches of all taps cost more than its products).
-    9. 4-D and up: ``phases_matmul``.
+    Few contracted channels per group go elementwise (``upsampled`` where :func:`upsamples`).
+    Without a stride: ``grouped`` for splittable groups, ``taps`` for dilated kernels,
+    ``sliced`` in 3-D, one product for 1x1 kernels, ``phases_folded`` where
+    :func:`folds_wide`,
+    else ``direct``. With one: ``matmul_overlap_add`` where the output side is narrow
+    (:func:`narrow`) and in 3-D (XLA CPU's 3-D convolutions are slow); other groups
+    ``grouped`` or ``phases_matmul``; ``subpixel`` (one convolution of ``S*Ca`` outputs)
+    where exact and 1-D, or with many phases or few channels; ``matmul_overlap_add`` where
+    each phase has at most one tap (the overlap-add is then a reshape); else ``phases``
+    (``phases_matmul`` in 16 bits, where XLA CPU's products beat its convolutions).
     """
     if (few_per_group(plan, plan.b_channels)
             or few_channels(plan, plan.b_channels, ELEMENTWISE_MAX_CHANNELS)):
         return "upsampled" if upsamples(plan) else "elementwise"
     if all(s == 1 for s in plan.strides):
-        if splits_by_group(plan):
-            return "grouped"
-        return "sliced" if _sliced.slices(plan) else "direct"
-    if narrow(plan):
+        return _backward_data_unstrided(plan)
+    if narrow(plan) or (plan.groups == 1 and plan.ndim >= 3):
         return "matmul_overlap_add"
     if plan.groups > 1:
         return "grouped" if splits_by_group(plan) else "phases_matmul"
-    axes = _phases(plan)
-    if all(len(taps) <= 1 for p in axes for taps in p.taps):
+    if subpixel_is_exact(plan) and (
+            plan.ndim == 1 or math.prod(plan.strides) > 4
+            or min(plan.a_channels, plan.b_channels) <= SUBPIXEL_MAX_CHANNELS):
+        return "subpixel"
+    if all(len(taps) <= 1 for p in _phases(plan) for taps in p.taps):
+        return "matmul_overlap_add"
+    return "phases_matmul" if plan.dtype in ("float16", "bfloat16") else "phases"
+
+
+def _backward_data_unstrided(plan: ConvPlan) -> str:
+    """:func:`choose_backward_data` without a stride (nothing to decompose into phases)."""
+    if splits_by_group(plan):
+        return "grouped"
+    if plan.groups > 1:
+        return "direct"
+    if dilated(plan):
+        return "taps" if _taps.measured(plan, plan.b_channels) else "direct"
+    if _sliced.slices(plan):
+        return "sliced"
+    if one_tap(plan):
         return "phases_matmul"
-    exact = subpixel_is_exact(plan)
-    if min(plan.b_channels, plan.a_channels) <= 16:
-        return "subpixel_matmul" if exact else "phases_matmul"
-    if plan.ndim == 2:
-        return "phases_matmul" if plan.dtype in ("float16", "bfloat16") else "phases"
-    if plan.ndim == 1:
-        return "subpixel" if exact else "phases"
-    return "phases_folded" if plan.ndim == 3 else "phases_matmul"
+    return "phases_folded" if folds_wide(plan) else "direct"
 
 
 def choose_backward_weights(plan: ConvPlan) -> str:
-    """The backward_weights lowering for a plan (measured on XLA CPU: module docstring).
+    """The backward_weights lowering on CPU.
 
-    XLA CPU's ``batch_group_count`` convolution is a slow path (100x torch for 8 groups), so
-    grouped plans are split per group (``grouped``), depthwise ones go elementwise
-    (``depthwise``: one channel per group on one side and at most
-    :data:`ELEMENTWISE_POLICY_CHANNELS` on the other, a channel
-    multiplier included, or up to :data:`~polyconv_jax._elementwise.ELEMENTWISE_MAX_CHANNELS` on
-    both sides where ``grouped`` does not apply: a 3x3 32->64 layer in 32 groups at 8x56x56
-    took 3.4 ms against 10 per group and 3.5 s for ``direct``; ResNeXt-50's 32 groups of 4
-    ran as fast per group); strided 3-D plans use ``phases`` (XLA's 3-D weight gradient with a
-    dilated kernel is 3x slower); ungrouped plans with few input columns
-    (:func:`narrow`) gather patches and multiply once
-    (``patches_matmul``: 2.5x faster for a 3-D 1->64 k3 s2 gradient); ungrouped 3-D plans
-    without a stride take ``sliced`` (3-4x faster than ``direct``); 2-D plans without a
-    stride whose images have :data:`BAND_POSITIONS` output positions or more and
-    :data:`BANDS_MIN_CHANNELS` channels on both sides take ``bands``
-    (ResNet-50's 3x3 64->64 at 56x56 1.6x, U-Net's at 128x128 1.4x); everything else stays
-    ``direct``.
+    XLA CPU's ``batch_group_count`` convolution is a slow path, so grouped plans are split per
+    group (``grouped``, in blocks of groups past its bound) or go elementwise (``depthwise``:
+    one channel per group on one side and at most :data:`ELEMENTWISE_POLICY_CHANNELS` on the
+    other, or where ``grouped`` does not apply); groups of 2-4 channels on both sides
+    (ResNeXt's) stay ``grouped``: it compiles 25x longer than ``depthwise`` but runs 1.4-8.5x
+    faster. Ungrouped: dilated kernels ``taps``; plans whose patches copy ``a`` little
+    (:func:`gathers_little`) one matrix product over them (``patches_matmul``); 3-D ones
+    ``sliced`` without a stride, else ``phases`` (XLA's 3-D weight gradient with a dilated
+    kernel is slow); 2-D plans ``folded`` without a stride (from :data:`FOLDED_MIN_CHANNELS`
+    channels on both sides) or with windows apart, strided ones of few input channels
+    ``bands`` (the folded operand is narrow there); else ``direct``.
     """
-    if narrow(plan) and patches_fit(plan):
-        return "patches_matmul"
     if plan.groups > 1:
         fewer, more = sorted(c // plan.groups for c in (plan.a_channels, plan.b_channels))
         if depthwise_applies(plan) and (
                 (fewer == 1 and more <= ELEMENTWISE_POLICY_CHANNELS)
-                or not splits_by_group(plan)):
+                or not weights_apply(plan)):
             return "depthwise"
-        return "grouped" if splits_by_group(plan) else "direct"
-    if plan.ndim >= 3 and any(s > 1 for s in plan.strides):
-        return "phases"
-    if _sliced.slices(plan):
-        return "sliced"
-    if (plan.ndim == 2 and all(s == 1 for s in plan.strides)
-            and math.prod(plan.b_spatial) >= BAND_POSITIONS
-            and min(plan.a_channels, plan.b_channels) >= BANDS_MIN_CHANNELS
-            and bands_apply(plan)):
+        return "grouped" if weights_apply(plan) else "direct"
+    if dilated(plan):
+        contracted = min(plan.a_channels, plan.b_channels)
+        return "taps" if _taps.measured(plan, contracted) else "direct"
+    if gathers_little(plan):
+        return "patches_matmul"
+    strided = any(s > 1 for s in plan.strides)
+    if plan.ndim >= 3:
+        return "phases" if strided else "sliced" if _sliced.slices(plan) else "direct"
+    if plan.ndim != 2:
+        return "direct"
+    if (not strided and min(plan.a_channels, plan.b_channels) >= FOLDED_MIN_CHANNELS) or (
+            strided and all(k <= s for k, s in zip(plan.kernel, plan.strides))):
+        return "folded"                                 # wide, or windows apart
+    if strided and plan.a_channels <= ELEMENTWISE_POLICY_CHANNELS and bands_apply(plan):
         return "bands"
     return "direct"
 
@@ -222,32 +274,66 @@ GPU_PATCHES_MAX_TAPS = 16
 
 
 def gpu_policy(primitive: str, plan: ConvPlan, names: Sequence[str]) -> str:
-    """The default lowering on GPU (measured on an H100, XLA's cuDNN convolutions, the
-    real-model corpus at 8x its CPU batches). For ungrouped plans: the weight gradient
-    gathers patches and multiplies once (``patches_matmul``: 1.0-1.4x faster than XLA's
-    weight-gradient convolution on 2-D and 1-D layers, 1.8-2.9x on 3-D up-convolutions,
-    26-36x on the 3-D 64->1 decoder);
-    a strided backward_data multiplies first and overlap-adds (``matmul_overlap_add``:
-    1.2-1.7x, 40x on that decoder in bfloat16); the forward gathers patches when the kernel
-    has at most :data:`GPU_PATCHES_MAX_TAPS` taps (1.1-1.9x). Groups of 2 to
-    :data:`ELEMENTWISE_POLICY_CHANNELS` channels on both sides go
-    elementwise, their weight gradient per group (:func:`narrow_groups`). Everything else,
-    other grouped plans (depthwise ones included) and one-tap strided plans
-    (:func:`~polyconv_jax._patches.patches_abort_xla_gpu`), takes the plain lowering."""
+    """The default lowering on GPU (XLA's cuDNN convolutions). Groups of 2 to
+    :data:`ELEMENTWISE_POLICY_CHANNELS` channels on both sides go elementwise, their weight
+    gradient per group (:func:`narrow_groups`); a few wide groups (:func:`wide_groups`) one
+    convolution per group; dilated kernels ``taps`` (cuDNN's dilated convolution is slow).
+    Ungrouped: the weight gradient gathers patches and multiplies once (``patches_matmul``)
+    up to :data:`PATCHES_MAX_TAPS` taps (a slice per tap of a 16x16 kernel loses to cuDNN);
+    a strided backward_data multiplies first and overlap-adds (``matmul_overlap_add``), or
+    is one convolution of ``S*Ca`` outputs (``subpixel_matmul``) where that is exact and
+    each phase has one tap or there are more than :data:`GPU_SUBPIXEL_MIN_PHASES` phases
+    (the overlap-add is then a reshape, or too many pieces); a 1x1 backward_data without a
+    stride is one product (``phases_matmul``); the forward gathers patches up to
+    :data:`GPU_PATCHES_MAX_TAPS` taps. Everything else, other grouped plans (depthwise ones
+    included) and one-tap strided plans (:func:`~polyconv_jax._patches.patches_abort_xla_gpu`),
+    takes the plain lowering."""
     if narrow_groups(plan):
         name = "grouped" if primitive == "backward_weights" else "elementwise"
         # (per group, as measured: not in blocks of groups)
         if name in names and (
                 name != "grouped" or splits_by_group(plan)):
             return name
+    if wide_groups(plan) and primitive != "backward_weights" and "grouped" in names:
+        return "grouped"
+    if (dilated(plan) and primitive != "backward_weights" and "taps" in names
+            and _taps.measured(plan, plan.b_channels if primitive == "backward_data"
+                               else plan.a_channels)):
+        return "taps"
     name = GPU_PREFERRED[primitive]
+    if (primitive == "backward_data" and one_tap(plan) and "phases_matmul" in names
+            and all(s == 1 for s in plan.strides)):
+        return "phases_matmul"
+    if primitive == "backward_data" and subpixel_is_exact(plan) and (
+            math.prod(plan.strides) > GPU_SUBPIXEL_MIN_PHASES
+            or all(len(taps) <= 1 for p in _phases(plan) for taps in p.taps)):
+        name = "subpixel_matmul"
     # not applicable: grouped plans (each preferred lowering is for ungrouped ones only) and
     # the im2col that XLA GPU may abort compiling
     if (name not in names
             or (primitive == "backward_data" and all(s == 1 for s in plan.strides))
-            or (primitive == "forward" and math.prod(plan.kernel) > GPU_PATCHES_MAX_TAPS)):
+            or (primitive == "forward" and math.prod(plan.kernel) > GPU_PATCHES_MAX_TAPS)
+            or (primitive == "backward_weights"
+                and math.prod(plan.kernel) > PATCHES_MAX_TAPS)):
         return PLAIN
     return name
+
+
+#: the GPU's backward_data takes ``subpixel_matmul`` (where exact) past this many phases
+GPU_SUBPIXEL_MIN_PHASES = 8
+
+
+#: ``wide_groups``: at most this many groups ...
+GPU_WIDE_MAX_GROUPS = 8
+#: ... of at least this many channels on both sides
+GPU_WIDE_MIN_CHANNELS = 64
+
+
+def wide_groups(plan: ConvPlan) -> bool:
+    """Whether ``plan`` has a few groups of many channels (StyleGAN2's modulated 4x512),
+    where XLA GPU's grouped convolution lost 1.8-2.2x to one convolution per group."""
+    return (1 < plan.groups <= GPU_WIDE_MAX_GROUPS and splits_by_group(plan)
+            and min(plan.a_channels, plan.b_channels) // plan.groups >= GPU_WIDE_MIN_CHANNELS)
 
 
 def narrow_groups(plan: ConvPlan) -> bool:
