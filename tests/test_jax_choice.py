@@ -678,9 +678,9 @@ def test_every_rule_picks_an_applicable_exact_lowering():
                 or _subpixel.subpixel_is_exact(p)), (platform, primitive, name, p)
 
 
-def _cl_plan(src, kernel, oc, strides=1, dilations=1, groups=1):
-    """A channels-last convolution, padded to keep its size (strides aside)."""
-    pad = [(k - 1) * dilations // 2 for k in kernel]
+def _cl_plan(src, kernel, oc, strides=1, dilations=1, groups=1, pad=None):
+    """A channels-last convolution, padded to keep its size (strides aside) unless given."""
+    pad = [(k - 1) * dilations // 2 for k in kernel] if pad is None else pad
     return polyconv.infer_shape("Convolution", src, (*kernel, src[-1] // groups, oc),
                                 strides=strides, dilations=dilations, groups=groups,
                                 pads_begin=pad, pads_end=pad, weights_format="XIO")
@@ -698,6 +698,10 @@ def _cl_plan(src, kernel, oc, strides=1, dilations=1, groups=1):
     # a stem (3 channels in, k7 s2): folded, multiply-then-overlap-add, bands
     (_cl_plan((2, 112, 112, 3), (7, 7), 64, strides=2),
      ("folded", "matmul_overlap_add", "bands")),
+    # a patch embedding (ViT's k16 s16): space-to-depth, the sub-pixel convolution (one piece
+    # for 256 phases), the weight gradient folded
+    (_cl_plan((2, 64, 64, 3), (16, 16), 64, strides=16, pad=0),
+     ("subpixel", "subpixel", "folded")),
     # a dilated kernel over wide channels (DeepLabV3's ASPP): one product per tap
     (_cl_plan((1, 33, 33, 512), (3, 3), 128, dilations=6), ("taps", "taps", "taps")),
     # strided 3-D: gather patches, multiply then overlap-add

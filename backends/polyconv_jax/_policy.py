@@ -1,8 +1,10 @@
 """The default lowering of each primitive without measuring: rules set from measurements, one
-set per platform (docs/jax_lowerings.md has the measurements). On the CPU the rules of
-:func:`choose_forward`, :func:`choose_backward_data` and :func:`choose_backward_weights`
-(2-core x86 hosts); on GPU :func:`gpu_policy` (an H100 and an H200); elsewhere (TPU, not
-measured) the plain lowering, which is what XLA's own convolution autotuning sees."""
+set per platform (docs/jax_lowerings.md has the measurements, docs/design_notes.md how the
+rules fare against the corpus records, ``polyconv.benchmarks.policy_check``). On the CPU the
+rules of :func:`choose_forward`, :func:`choose_backward_data` and
+:func:`choose_backward_weights` (2-core x86 hosts); on GPU :func:`gpu_policy` (an H100 and an
+H200); elsewhere (TPU, not measured) the plain lowering, which is what XLA's own convolution
+autotuning sees."""
 
 from __future__ import annotations
 
@@ -76,25 +78,36 @@ def narrow(plan: ConvPlan) -> bool:
             and plan.b_channels >= NARROW_WIDE_CHANNELS and plan.macs >= NARROW_MIN_MACS)
 
 
-#: im2col gathers at most this many copies of ``a`` (``prod(K)/prod(S)``) ...
-PATCHES_MAX_COPIES = 4
-#: ... in at most this many slices (one per kernel tap)
-PATCHES_MAX_TAPS = 32
+#: im2col gathers fewer than this many copies of ``a`` (``prod(K)/prod(S)``) ...
+PATCHES_COPIES_BELOW = 4
+#: ... with at most this many taps on any axis (a long 1-D kernel's gather gained nothing)
+PATCHES_MAX_AXIS_TAPS = 8
+#: ... or its product has at most this many columns (``Ca*prod(K)``)
+PATCHES_MAX_COLUMNS = 64
 
 
 def gathers_little(plan: ConvPlan) -> bool:
-    """Whether gathering ``a``'s patches copies it at most :data:`PATCHES_MAX_COPIES` times in
-    at most :data:`PATCHES_MAX_TAPS` slices (strided kernels, 1x1): there one matrix product
-    over the patches beats XLA CPU's convolution; a stride-1 3x3 copies the image 9 times,
-    and a slice per tap of a 16x16 kernel compiles for seconds."""
+    """Whether gathering ``a``'s patches copies it fewer than :data:`PATCHES_COPIES_BELOW`
+    times with at most :data:`PATCHES_MAX_AXIS_TAPS` taps on any axis (strided kernels, 1x1),
+    or makes a narrow matrix (at most :data:`PATCHES_MAX_COLUMNS` columns, on plans of
+    :data:`NARROW_MIN_MACS` or more): there one matrix product over the patches beats XLA
+    CPU's convolution by more than the gather's compile costs. A stride-1 3x3 copies the image
+    9 times; at 4 copies (k4 s2 over wide channels) the warm gain was within noise, as for
+    k16 s8; a 16x16 kernel's gather compiles for seconds."""
     taps = math.prod(plan.kernel)
-    return (plan.groups == 1 and taps <= PATCHES_MAX_TAPS
-            and taps <= PATCHES_MAX_COPIES * math.prod(plan.strides) and patches_fit(plan))
+    return plan.groups == 1 and patches_fit(plan) and (
+        (plan.a_channels * taps <= PATCHES_MAX_COLUMNS and plan.macs >= NARROW_MIN_MACS)
+        or (max(plan.kernel) <= PATCHES_MAX_AXIS_TAPS
+            and taps < PATCHES_COPIES_BELOW * math.prod(plan.strides)))
 
 
 #: space-to-depth (``subpixel`` forward) up to this many contracted channels (or any count
 #: where the kernel equals the stride): it multiplies the contraction by ``prod(S)``
 SUBPIXEL_MAX_CHANNELS = 32
+
+
+#: the sub-pixel backward_data (where exact) past this many phases
+SUBPIXEL_MIN_PHASES = 8
 
 
 def dilated(plan: ConvPlan) -> bool:
@@ -103,11 +116,22 @@ def dilated(plan: ConvPlan) -> bool:
     return any(d > 1 for d in plan.dilations)
 
 
+#: the GPU's weight gradient gathers patches up to this many kernel taps
+PATCHES_MAX_TAPS = 32
+
+
+#: ``folds`` from this many output positions per image (``b``'s)
+FOLD_MIN_POSITIONS = 64
+
+
 def folds(plan: ConvPlan) -> bool:
-    """A 2-D channels-last plan whose first kernel axis has several taps: stacking them along
-    channels (``folded``) widens the contraction and leaves XLA CPU a 1-D convolution it runs
-    well; with one tap on that axis nothing is folded."""
-    return plan.ndim == 2 and plan.channels_last and plan.kernel[0] > 1
+    """A 2-D channels-last plan whose first kernel axis has several taps, over at least
+    :data:`FOLD_MIN_POSITIONS` output positions: stacking those taps along channels
+    (``folded``) widens the contraction and leaves XLA CPU a 1-D convolution it runs well;
+    with one tap on that axis, or a map of a few positions (a generator's 1x1 input), there
+    is nothing to gain for the compile."""
+    return (plan.ndim == 2 and plan.channels_last and plan.kernel[0] > 1
+            and math.prod(plan.b_spatial) >= FOLD_MIN_POSITIONS)
 
 
 #: the gradients fold without a stride from this many channels on both sides (the narrowest
@@ -121,7 +145,7 @@ def folds_wide(plan: ConvPlan) -> bool:
 
 
 def one_tap(plan: ConvPlan) -> bool:
-    """A 1x1 kernel: one matrix product, which XLA CPU's convolution runs up to 4x slower."""
+    """A 1x1 kernel: one matrix product, which XLA CPU's convolution runs several times slower."""
     return math.prod(plan.kernel) == 1
 
 
@@ -175,32 +199,34 @@ def choose_forward(plan: ConvPlan) -> str:
 
 
 def choose_backward_data(plan: ConvPlan) -> str:
-    """The backward_data lowering on CPU. Only lowerings that form exactly the canonical
-    products are chosen (``subpixel*`` only where :func:`subpixel_is_exact`).
+    """The backward_data lowering on CPU. Only lowerings that form exactly the canonical products
+    are chosen (``subpixel*`` only where :func:`subpixel_is_exact`).
 
     Few contracted channels per group go elementwise (``upsampled`` where :func:`upsamples`).
-    Without a stride: ``grouped`` for splittable groups, ``taps`` for dilated kernels,
-    ``sliced`` in 3-D, one product for 1x1 kernels, ``phases_folded`` where
-    :func:`folds_wide`,
-    else ``direct``. With one: ``matmul_overlap_add`` where the output side is narrow
-    (:func:`narrow`) and in 3-D (XLA CPU's 3-D convolutions are slow); other groups
-    ``grouped`` or ``phases_matmul``; ``subpixel`` (one convolution of ``S*Ca`` outputs)
-    where exact and 1-D, or with many phases or few channels; ``matmul_overlap_add`` where
-    each phase has at most one tap (the overlap-add is then a reshape); else ``phases``
-    (``phases_matmul`` in 16 bits, where XLA CPU's products beat its convolutions).
+    Without a stride: ``grouped`` for splittable groups, ``taps`` for dilated kernels, ``sliced`` in
+    3-D, one product for 1x1 kernels, ``phases_folded`` where :func:`folds_wide`, else ``direct``.
+    With one: ``subpixel`` (one convolution of ``S*Ca`` outputs) where exact with more than
+    :data:`SUBPIXEL_MIN_PHASES` phases (1-D, 2-D: one piece, where the other decompositions make one
+    per phase or tap, and compile for seconds); ``matmul_overlap_add`` where the output side is
+    narrow (:func:`narrow`) and in 3-D (XLA CPU's 3-D convolutions are slow); other groups
+    ``grouped`` or ``phases_matmul``; ``subpixel`` where exact and 1-D or of few channels;
+    ``matmul_overlap_add`` where each phase has at most one tap (the overlap-add is then a reshape);
+    else ``phases`` (``phases_matmul`` in 16 bits, where XLA CPU's products beat its convolutions).
     """
     if (few_per_group(plan, plan.b_channels)
             or few_channels(plan, plan.b_channels, ELEMENTWISE_MAX_CHANNELS)):
         return "upsampled" if upsamples(plan) else "elementwise"
     if all(s == 1 for s in plan.strides):
         return _backward_data_unstrided(plan)
+    exact = plan.groups == 1 and subpixel_is_exact(plan)
+    if exact and plan.ndim <= 2 and math.prod(plan.strides) > SUBPIXEL_MIN_PHASES:
+        return "subpixel"
     if narrow(plan) or (plan.groups == 1 and plan.ndim >= 3):
         return "matmul_overlap_add"
     if plan.groups > 1:
         return "grouped" if splits_by_group(plan) else "phases_matmul"
-    if subpixel_is_exact(plan) and (
-            plan.ndim == 1 or math.prod(plan.strides) > 4
-            or min(plan.a_channels, plan.b_channels) <= SUBPIXEL_MAX_CHANNELS):
+    if exact and (plan.ndim == 1
+                  or min(plan.a_channels, plan.b_channels) <= SUBPIXEL_MAX_CHANNELS):
         return "subpixel"
     if all(len(taps) <= 1 for p in _phases(plan) for taps in p.taps):
         return "matmul_overlap_add"
@@ -225,17 +251,16 @@ def _backward_data_unstrided(plan: ConvPlan) -> str:
 def choose_backward_weights(plan: ConvPlan) -> str:
     """The backward_weights lowering on CPU.
 
-    XLA CPU's ``batch_group_count`` convolution is a slow path, so grouped plans are split per
-    group (``grouped``, in blocks of groups past its bound) or go elementwise (``depthwise``:
-    one channel per group on one side and at most :data:`ELEMENTWISE_POLICY_CHANNELS` on the
-    other, or where ``grouped`` does not apply); groups of 2-4 channels on both sides
-    (ResNeXt's) stay ``grouped``: it compiles 25x longer than ``depthwise`` but runs 1.4-8.5x
-    faster. Ungrouped: dilated kernels ``taps``; plans whose patches copy ``a`` little
-    (:func:`gathers_little`) one matrix product over them (``patches_matmul``); 3-D ones
-    ``sliced`` without a stride, else ``phases`` (XLA's 3-D weight gradient with a dilated
-    kernel is slow); 2-D plans ``folded`` without a stride (from :data:`FOLDED_MIN_CHANNELS`
-    channels on both sides) or with windows apart, strided ones of few input channels
-    ``bands`` (the folded operand is narrow there); else ``direct``.
+    XLA CPU's ``batch_group_count`` convolution is a slow path, so grouped plans are split per group
+    (``grouped``, in blocks of groups past its bound) or go elementwise (``depthwise``: one channel
+    per group on one side and at most :data:`ELEMENTWISE_POLICY_CHANNELS` on the other, or where
+    ``grouped`` does not apply); groups of 2-4 channels on both sides (ResNeXt's) stay ``grouped``,
+    several times faster than ``depthwise``. Ungrouped: dilated kernels ``taps``; plans whose
+    patches copy ``a`` little (:func:`gathers_little`) one matrix product over them
+    (``patches_matmul``); 3-D ones ``sliced`` without a stride, else ``phases`` (XLA's 3-D weight
+    gradient with a dilated kernel is slow); 2-D plans ``folded`` without a stride (from
+    :data:`FOLDED_MIN_CHANNELS` channels on both sides) or with windows apart, strided ones of few
+    input channels ``bands`` (the folded operand is narrow there); else ``direct``.
     """
     if plan.groups > 1:
         fewer, more = sorted(c // plan.groups for c in (plan.a_channels, plan.b_channels))
@@ -282,7 +307,7 @@ def gpu_policy(primitive: str, plan: ConvPlan, names: Sequence[str]) -> str:
     up to :data:`PATCHES_MAX_TAPS` taps (a slice per tap of a 16x16 kernel loses to cuDNN);
     a strided backward_data multiplies first and overlap-adds (``matmul_overlap_add``), or
     is one convolution of ``S*Ca`` outputs (``subpixel_matmul``) where that is exact and
-    each phase has one tap or there are more than :data:`GPU_SUBPIXEL_MIN_PHASES` phases
+    each phase has one tap or there are more than :data:`SUBPIXEL_MIN_PHASES` phases
     (the overlap-add is then a reshape, or too many pieces); a 1x1 backward_data without a
     stride is one product (``phases_matmul``); the forward gathers patches up to
     :data:`GPU_PATCHES_MAX_TAPS` taps. Everything else, other grouped plans (depthwise ones
@@ -305,7 +330,7 @@ def gpu_policy(primitive: str, plan: ConvPlan, names: Sequence[str]) -> str:
             and all(s == 1 for s in plan.strides)):
         return "phases_matmul"
     if primitive == "backward_data" and subpixel_is_exact(plan) and (
-            math.prod(plan.strides) > GPU_SUBPIXEL_MIN_PHASES
+            math.prod(plan.strides) > SUBPIXEL_MIN_PHASES
             or all(len(taps) <= 1 for p in _phases(plan) for taps in p.taps)):
         name = "subpixel_matmul"
     # not applicable: grouped plans (each preferred lowering is for ungrouped ones only) and
@@ -319,8 +344,6 @@ def gpu_policy(primitive: str, plan: ConvPlan, names: Sequence[str]) -> str:
     return name
 
 
-#: the GPU's backward_data takes ``subpixel_matmul`` (where exact) past this many phases
-GPU_SUBPIXEL_MIN_PHASES = 8
 
 
 #: ``wide_groups``: at most this many groups ...
@@ -331,7 +354,7 @@ GPU_WIDE_MIN_CHANNELS = 64
 
 def wide_groups(plan: ConvPlan) -> bool:
     """Whether ``plan`` has a few groups of many channels (StyleGAN2's modulated 4x512),
-    where XLA GPU's grouped convolution lost 1.8-2.2x to one convolution per group."""
+    where XLA GPU's grouped convolution lost to one convolution per group."""
     return (1 < plan.groups <= GPU_WIDE_MAX_GROUPS and splits_by_group(plan)
             and min(plan.a_channels, plan.b_channels) // plan.groups >= GPU_WIDE_MIN_CHANNELS)
 
