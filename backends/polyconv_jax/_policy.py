@@ -134,14 +134,9 @@ def folds(plan: ConvPlan) -> bool:
             and math.prod(plan.b_spatial) >= FOLD_MIN_POSITIONS)
 
 
-#: the gradients fold without a stride from this many channels on both sides (the narrowest
-#: where the records show ``folded`` and ``phases_folded`` winning; below, the plain one)
+#: the weight gradient folds without a stride from this many channels on both sides (the
+#: narrowest where the records show ``folded`` winning; below, the plain one)
 FOLDED_MIN_CHANNELS = 64
-
-
-def folds_wide(plan: ConvPlan) -> bool:
-    """:func:`folds`, with at least :data:`FOLDED_MIN_CHANNELS` channels on both sides."""
-    return folds(plan) and min(plan.a_channels, plan.b_channels) >= FOLDED_MIN_CHANNELS
 
 
 def one_tap(plan: ConvPlan) -> bool:
@@ -204,7 +199,8 @@ def choose_backward_data(plan: ConvPlan) -> str:
 
     Few contracted channels per group go elementwise (``upsampled`` where :func:`upsamples`).
     Without a stride: ``grouped`` for splittable groups, ``taps`` for dilated kernels, ``sliced`` in
-    3-D, one product for 1x1 kernels, ``phases_folded`` where :func:`folds_wide`, else ``direct``.
+    3-D, one product for 1x1 kernels, else ``direct`` (``phases_folded`` gained within noise on
+    one host and compiles 10x longer).
     With one: ``subpixel`` (one convolution of ``S*Ca`` outputs) where exact with more than
     :data:`SUBPIXEL_MIN_PHASES` phases (1-D, 2-D: one piece, where the other decompositions make one
     per phase or tap, and compile for seconds); ``matmul_overlap_add`` where the output side is
@@ -243,9 +239,7 @@ def _backward_data_unstrided(plan: ConvPlan) -> str:
         return "taps" if _taps.measured(plan, plan.b_channels) else "direct"
     if _sliced.slices(plan):
         return "sliced"
-    if one_tap(plan):
-        return "phases_matmul"
-    return "phases_folded" if folds_wide(plan) else "direct"
+    return "phases_matmul" if one_tap(plan) else "direct"
 
 
 def choose_backward_weights(plan: ConvPlan) -> str:
