@@ -432,12 +432,13 @@ def test_default_lowering_choice():
                        **ncx)) == "elementwise"
     assert choose(plan((8, 64, 56, 56), (64, 1, 2, 2), strides=2, **ncx)) == "elementwise"
     assert choose(plan((2, 8, 8, 512), (3, 3, 1, 512), strides=2, groups=64)) == "phases_matmul"
-    assert choose(plan((8, 32, 32, 64), (2, 2, 64, 64), strides=2)) == "phases_matmul"
-    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases_folded"
-    assert choose(plan((2, 16, 16, 16, 16), (3, 3, 3, 16, 16), strides=2)) == "phases_matmul"
-    assert choose(plan((2, 16, 16, 16, 32), (4, 4, 4, 32, 32), strides=2)) == "phases_folded"
-    assert choose(plan((2, 4, 4, 4, 4, 32), (3, 3, 3, 3, 32, 32), strides=2)) == "phases_matmul"
-    assert choose(plan((8, 32, 32, 16), (4, 4, 16, 16), strides=2)) == "subpixel_matmul"
+    assert choose(plan((8, 32, 32, 64), (2, 2, 64, 64), strides=2)) == "matmul_overlap_add"
+    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "matmul_overlap_add"
+    assert choose(plan((2, 16, 16, 16, 16), (3, 3, 3, 16, 16), strides=2)) == "matmul_overlap_add"
+    assert choose(plan((2, 16, 16, 16, 32), (4, 4, 4, 32, 32), strides=2)) == "matmul_overlap_add"
+    assert (choose(plan((2, 4, 4, 4, 4, 32), (3, 3, 3, 3, 32, 32), strides=2))
+            == "matmul_overlap_add")
+    assert choose(plan((8, 32, 32, 16), (4, 4, 16, 16), strides=2)) == "subpixel"
     assert choose(plan((4, 4000, 256), (16, 128, 256), strides=8)) == "subpixel"
     for src, w, s in (((8, 32, 32, 64), (3, 3, 64, 64), 2), ((4, 4000, 256), (16, 128, 256), 8),
                       ((8, 32, 32, 16), (3, 3, 16, 16), 2)):
@@ -502,17 +503,17 @@ def test_default_forward_choice():
     # ungrouped, up to 4 input channels and Ca*Cb up to 128 (LeNet-5's first layer, 3->32)
     assert choose(plan((64, 28, 28, 1), (5, 5, 1, 6))) == "elementwise"
     assert choose(plan((32, 32, 32, 3), (3, 3, 3, 32))) == "elementwise"
-    assert choose(plan((16, 32, 32, 8), (3, 3, 8, 16))) == "direct"           # 8 read
+    assert choose(plan((16, 32, 32, 8), (3, 3, 8, 16))) == "folded"           # 8 read
     assert choose(plan((4, 224, 224, 3), (7, 7, 3, 64), strides=2)) != "elementwise"  # 192
     # more channels per group: one ungrouped convolution per group, up to the bound
     assert choose(plan((4, 56, 56, 64), (3, 3, 16, 64), groups=4)) == "grouped"
     assert choose(plan((4, 56, 56, 256), (3, 3, 8, 256), groups=32)) == "grouped"
     assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "direct"
-    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "elementwise"
-    # few input columns (Ca*prod(K) = 54) and too many outputs for the loops: gather, multiply
+    # strided 3-D: gather patches, multiply once (XLA CPU's 3-D convolutions are slow)
+    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "patches_matmul"
     assert choose(plan((8, 32, 32, 32, 2), (3, 3, 3, 2, 128), strides=2)) == "patches_matmul"
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32))) == "sliced"
-    assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64))) == "direct"
+    assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64))) == "folded"          # 2-D NXC
 
 
 def test_default_backward_weights_choice():
@@ -524,18 +525,17 @@ def test_default_backward_weights_choice():
                                     polyconv.infer_shape("convolution", src, w, **attrs).shape,
                                     w, **attrs)
 
-    # 2-D, no stride, large images: one image and one run of rows at a time
-    assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)) == "bands"
-    assert choose(plan((1, 128, 128, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)) == "bands"
-    # ... from 64 channels on both sides: narrower, XLA's one convolution is the faster (one
-    # group of ResNeXt-50's 32x4d 3x3, and 32->32)
+    # 2-D, no stride, from 64 channels on both sides: the first axis's taps folded
+    assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)) == "folded"
+    assert choose(plan((1, 128, 128, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)) == "folded"
+    # ... narrower: XLA's one convolution
     assert choose(plan((4, 56, 56, 4), (3, 3, 4, 4), pads_begin=1, pads_end=1)) == "direct"
     assert choose(plan((4, 56, 56, 32), (3, 3, 32, 32), pads_begin=1, pads_end=1)) == "direct"
     assert choose(plan((4, 56, 56, 64), (3, 3, 64, 32), pads_begin=1, pads_end=1)) == "direct"
-    # small images, a stride, 1-D: XLA's own weight gradient
-    assert choose(plan((16, 16, 16, 128), (3, 3, 128, 64), pads_begin=1, pads_end=1)) == "direct"
-    assert choose(plan((4, 56, 56, 128), (3, 3, 128, 128), strides=2)) == "direct"
-    assert choose(plan((4, 2048, 128), (3, 128, 64))) == "direct"
+    assert choose(plan((16, 16, 16, 128), (3, 3, 128, 64), pads_begin=1, pads_end=1)) == "folded"
+    # patches copying the data at most 4 times (a stride, 1-D k3): gather, multiply once
+    assert choose(plan((4, 56, 56, 128), (3, 3, 128, 128), strides=2)) == "patches_matmul"
+    assert choose(plan((4, 2048, 128), (3, 128, 64))) == "patches_matmul"
     assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "depthwise"
     assert choose(plan((8, 56, 56, 64), (3, 3, 8, 64), groups=8)) == "grouped"
     # a channel multiplier (one src channel per group, two dst channels), and up to 8 channels
@@ -543,9 +543,10 @@ def test_default_backward_weights_choice():
     # grouped weight-gradient convolution (seconds a call); ResNeXt-50's 32 groups of 4 per group
     assert choose(plan((8, 56, 56, 32), (3, 3, 1, 64), groups=32)) == "depthwise"
     assert choose(plan((8, 56, 56, 144), (3, 3, 1, 288), groups=144)) == "depthwise"
-    assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "depthwise"
+    # ... but groups of 2 channels or more on both sides in blocks (ResNeXt-101's 64x4d: 8.5x)
+    assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "grouped"
     assert choose(plan((4, 56, 56, 128), (3, 3, 4, 128), groups=32)) == "grouped"
-    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "phases"
+    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "patches_matmul"
     # 3-D without a stride: per tap of the first axis, 2-D weight gradients in pieces
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32), pads_begin=1,
                        pads_end=1)) == "sliced"
@@ -554,7 +555,7 @@ def test_default_backward_weights_choice():
     # more pieces than a program should hold: not applicable
     big = plan((64, 64, 64, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)
     assert not _record_applies("backward_weights", big, "bands")
-    assert choose(big) == "direct"
+    assert choose(big) == "folded"
 
 
 @pytest.mark.parametrize("fmt", ["NXC", "NCX"])
@@ -1063,12 +1064,14 @@ def test_one_padded_row_under_grad_vmap_and_nan():
 
 
 def test_one_padded_row_is_taken_where_it_pays():
-    """On CPU: an unpadded 2-D convolution with overlapping windows and 10^8 multiply-adds or
-    more; not a grouped one, a 1-D or 3-D one, a padded one, or non-overlapping windows."""
+    """On CPU, the plain call (``direct``, forced: the policy may decompose these plans): an
+    unpadded 2-D convolution with overlapping windows and 10^8 multiply-adds or more; not a
+    grouped one, a 1-D or 3-D one, a padded one, or non-overlapping windows."""
     def pads(shape, kernel, **attrs):
         x = jax.ShapeDtypeStruct(shape, jnp.float32)
         w = jax.ShapeDtypeStruct(kernel, jnp.float32)
-        return _padded_convs(lambda x, w: polyconv.convolution(x, w, **attrs), x, w)
+        with _forced(forward="direct"):
+            return _padded_convs(lambda x, w: polyconv.convolution(x, w, **attrs), x, w)
 
     assert pads((8, 58, 58, 64), (3, 3, 64, 64)) == ["[[0, 1], [0, 0]]"]
     # stride 2 on 57 rows: the new row is skipped, so the first axis gets it, no slice
@@ -1077,8 +1080,7 @@ def test_one_padded_row_is_taken_where_it_pays():
     assert pads((1, 18, 18, 64), (3, 3, 64, 64)) == ["[[0, 0], [0, 0]]"]         # small
     assert pads((8, 64, 64, 256), (2, 2, 256, 256), strides=2) == ["[[0, 0], [0, 0]]"]
     assert pads((8, 58, 58, 64), (3, 3, 64, 64), pads_begin=1) == ["[[1, 0], [1, 0]]"]
-    with _forced(forward="direct"):     # one grouped convolution
-        assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]
+    assert pads((8, 58, 58, 64), (3, 3, 8, 64), groups=8) == ["[[0, 0], [0, 0]]"]   # grouped
     assert pads((8, 4000, 256), (16, 256, 128)) == ["[[0, 0]]"]
 
 
