@@ -128,7 +128,7 @@ def _backward_ops(op, fmt, rng):
 
 
 @pytest.mark.parametrize("lowerings", [{}, {"backward_data": "matmul_overlap_add",
-                                            "backward_weights": "patches_matmul"},
+                                            "backward_weights": "im2col"},
                                        {"backward_data": "phases_folded",
                                         "backward_weights": "folded"}],
                          ids=["policy", "matmul", "folded"])

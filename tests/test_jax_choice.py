@@ -495,11 +495,11 @@ def _conv_plan(kernel, strides, groups=1, src=(2, 9, 9, 8), oc=8):
 
 @pytest.mark.parametrize(("plan", "expected"), [
     # ungrouped 2-D 3x3 stride 2: patches for forward and weights, overlap-add for data
-    (_conv_plan((3, 3), 2), ("patches_matmul", "matmul_overlap_add", "patches_matmul")),
+    (_conv_plan((3, 3), 2), ("im2col", "matmul_overlap_add", "im2col")),
     # stride 1: the data gradient stays the plain (cuDNN) convolution
-    (_conv_plan((3, 3), 1), ("patches_matmul", "direct", "patches_matmul")),
+    (_conv_plan((3, 3), 1), ("im2col", "direct", "im2col")),
     # 5x5 = 25 taps: the forward does not gather
-    (_conv_plan((5, 5), 2), ("direct", "matmul_overlap_add", "patches_matmul")),
+    (_conv_plan((5, 5), 2), ("direct", "matmul_overlap_add", "im2col")),
     # groups of 2-4 channels (ResNeXt's): elementwise, the weight gradient per group
     (_conv_plan((3, 3), 2, groups=4), ("elementwise", "elementwise", "grouped")),
     # 4 channels in and 8 out per group: not narrow on both sides
@@ -510,9 +510,9 @@ def _conv_plan(kernel, strides, groups=1, src=(2, 9, 9, 8), oc=8):
     # one tap with a stride: XLA GPU may abort compiling its im2col, so never patches
     (_conv_plan((1, 1), 2), ("direct", "matmul_overlap_add", "direct")),
     # ... without one: the data gradient is one matrix product
-    (_conv_plan((1, 1), 1), ("patches_matmul", "phases_matmul", "patches_matmul")),
+    (_conv_plan((1, 1), 1), ("im2col", "phases_matmul", "im2col")),
     # one tap per phase (k2 s2): the sub-pixel convolution, its overlap-add being a reshape
-    (_conv_plan((2, 2), 2), ("patches_matmul", "subpixel_matmul", "patches_matmul")),
+    (_conv_plan((2, 2), 2), ("im2col", "subpixel_matmul", "im2col")),
     # 6x6 = 36 taps: the weight gradient does not gather either
     (_conv_plan((6, 6), 2), ("direct", "matmul_overlap_add", "direct")),
     # a few wide groups (StyleGAN2's 4 x 512): one convolution per group
@@ -532,13 +532,13 @@ def test_no_candidate_that_xla_gpu_may_abort_compiling():
     slice fails a check and aborts the process) are measured on CPU, never on GPU."""
     plan = _conv_plan((1, 1), 3)
     for primitive in ("forward", "backward_weights"):
-        assert "patches_matmul" in _candidates(primitive, plan, "cpu")
+        assert "im2col" in _candidates(primitive, plan, "cpu")
         on_gpu = _candidates(primitive, plan, "gpu")
-        assert "patches_matmul" not in on_gpu and "direct" in on_gpu
+        assert "im2col" not in on_gpu and "direct" in on_gpu
         # nor is it applicable there, which a forced lowering needs too
-        assert not _applicable(primitive, plan, "patches_matmul", "gpu")
-        assert _applicable(primitive, plan, "patches_matmul", "cpu")
-    assert "patches_matmul" in _candidates("forward", _conv_plan((1, 1), 1), "gpu")
+        assert not _applicable(primitive, plan, "im2col", "gpu")
+        assert _applicable(primitive, plan, "im2col", "cpu")
+    assert "im2col" in _candidates("forward", _conv_plan((1, 1), 1), "gpu")
 
 
 def test_folded_is_measured_for_ungrouped_plans_only_on_cpu():
@@ -689,25 +689,25 @@ def _cl_plan(src, kernel, oc, strides=1, dilations=1, groups=1, pad=None):
 @pytest.mark.parametrize(("plan", "expected"), [
     # a 1x1 kernel is one matrix product (ResNet-50's bottleneck 256->64)
     (_cl_plan((4, 28, 28, 256), (1, 1), 64),
-     ("patches_matmul", "phases_matmul", "patches_matmul")),
+     ("im2col", "phases_matmul", "im2col")),
     # stride 1, 2-D channels-last: the first axis's taps folded into channels (the input
     # gradient stays plain: folding it gained within noise for a longer compile)
     (_cl_plan((4, 28, 28, 64), (3, 3), 64), ("folded", "direct", "folded")),
     # k2 s2 (U-Net's up-convolution): space-to-depth, overlap-add as a reshape, im2col
     (_cl_plan((4, 32, 32, 64), (2, 2), 128, strides=2),
-     ("subpixel", "matmul_overlap_add", "patches_matmul")),
+     ("space_to_depth", "matmul_overlap_add", "im2col")),
     # a stem (3 channels in, k7 s2): folded, multiply-then-overlap-add, bands
     (_cl_plan((2, 112, 112, 3), (7, 7), 64, strides=2),
      ("folded", "matmul_overlap_add", "bands")),
     # a patch embedding (ViT's k16 s16): space-to-depth, the sub-pixel convolution (one piece
     # for 256 phases), the weight gradient folded
     (_cl_plan((2, 64, 64, 3), (16, 16), 64, strides=16, pad=0),
-     ("subpixel", "subpixel", "folded")),
+     ("space_to_depth", "subpixel", "folded")),
     # a dilated kernel over wide channels (DeepLabV3's ASPP): one product per tap
     (_cl_plan((1, 33, 33, 512), (3, 3), 128, dilations=6), ("taps", "taps", "taps")),
     # strided 3-D: gather patches, multiply then overlap-add
     (_cl_plan((2, 16, 16, 16, 32), (3, 3, 3), 64, strides=2),
-     ("patches_matmul", "matmul_overlap_add", "patches_matmul")),
+     ("im2col", "matmul_overlap_add", "im2col")),
     # ResNeXt's groups of 4: elementwise, the weight gradient per group
     (_cl_plan((4, 28, 28, 128), (3, 3), 128, groups=32),
      ("elementwise", "elementwise", "grouped")),

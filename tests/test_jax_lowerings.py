@@ -170,7 +170,7 @@ def _lowering_params(lowerings, applies):
 
 
 #: the lowerings that compute ungrouped plans only
-UNGROUPED_ONLY = ("matmul_overlap_add", "patches_matmul", "taps")
+UNGROUPED_ONLY = ("matmul_overlap_add", "im2col", "taps")
 
 
 def _applies(lowering, groups):
@@ -510,8 +510,8 @@ def test_default_forward_choice():
     assert choose(plan((4, 56, 56, 256), (3, 3, 8, 256), groups=32)) == "grouped"
     assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "direct"
     # strided 3-D: gather patches, multiply once (XLA CPU's 3-D convolutions are slow)
-    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "patches_matmul"
-    assert choose(plan((8, 32, 32, 32, 2), (3, 3, 3, 2, 128), strides=2)) == "patches_matmul"
+    assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "im2col"
+    assert choose(plan((8, 32, 32, 32, 2), (3, 3, 3, 2, 128), strides=2)) == "im2col"
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32))) == "sliced"
     assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64))) == "folded"          # 2-D NXC
 
@@ -534,8 +534,8 @@ def test_default_backward_weights_choice():
     assert choose(plan((4, 56, 56, 64), (3, 3, 64, 32), pads_begin=1, pads_end=1)) == "direct"
     assert choose(plan((16, 16, 16, 128), (3, 3, 128, 64), pads_begin=1, pads_end=1)) == "folded"
     # patches copying the data at most 4 times (a stride, 1-D k3): gather, multiply once
-    assert choose(plan((4, 56, 56, 128), (3, 3, 128, 128), strides=2)) == "patches_matmul"
-    assert choose(plan((4, 2048, 128), (3, 128, 64))) == "patches_matmul"
+    assert choose(plan((4, 56, 56, 128), (3, 3, 128, 128), strides=2)) == "im2col"
+    assert choose(plan((4, 2048, 128), (3, 128, 64))) == "im2col"
     assert choose(plan((8, 56, 56, 96), (3, 3, 1, 96), groups=96)) == "depthwise"
     assert choose(plan((8, 56, 56, 64), (3, 3, 8, 64), groups=8)) == "grouped"
     # a channel multiplier (one src channel per group, two dst channels), and up to 8 channels
@@ -546,7 +546,7 @@ def test_default_backward_weights_choice():
     # ... but groups of 2 channels or more on both sides in blocks (ResNeXt-101's 64x4d: 8.5x)
     assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "grouped"
     assert choose(plan((4, 56, 56, 128), (3, 3, 4, 128), groups=32)) == "grouped"
-    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "patches_matmul"
+    assert choose(plan((2, 16, 16, 16, 32), (3, 3, 3, 32, 32), strides=2)) == "im2col"
     # 3-D without a stride: per tap of the first axis, 2-D weight gradients in pieces
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32), pads_begin=1,
                        pads_end=1)) == "sliced"
@@ -575,8 +575,8 @@ def test_dot_lowerings_low_precision_both_layouts(dtype, nd, fmt):
     y_shape = polyconv.infer_shape("ConvTranspose", x.shape, w.shape, **attrs).shape
     dy = random_array(rng, y_shape, dtype)
     calls = [("backward_data", "matmul_overlap_add", "conv_transpose", (x, w), {}),
-             ("forward", "patches_matmul", "conv_transpose_backward_data", (dy, w), {}),
-             ("backward_weights", "patches_matmul", "conv_transpose_backward_weights",
+             ("forward", "im2col", "conv_transpose_backward_data", (dy, w), {}),
+             ("backward_weights", "im2col", "conv_transpose_backward_weights",
               (x, dy), {"weights_shape": w.shape})]
     for primitive, lowering, op, args, extra in calls:
         with _forced(**{primitive: lowering}):
@@ -593,7 +593,7 @@ def test_dot_lowerings_low_precision_both_layouts(dtype, nd, fmt):
 
 #: forward lowerings of restricted geometries, with grids of their own
 #: (tests/test_jax_space_to_depth.py)
-RESTRICTED_FORWARD = ("subpixel", "matmul_overlap_add")
+RESTRICTED_FORWARD = ("space_to_depth", "matmul_overlap_add")
 FORWARD_LOWERINGS = tuple(name for name in _choice.LOWERINGS["forward"]
                           if name not in RESTRICTED_FORWARD)
 _FORWARD_OP = {"conv_transpose": "conv_transpose_backward_data",
@@ -751,7 +751,7 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
                  _patches.PATCHES_TRANSPOSED_MIN_RATIO,
                  _patches.PATCHES_LEFT_MIN_RATIO,
                  _patches.PATCHES_PER_IMAGE_MIN_ROWS)]
-    if lowering == "patches_matmul":
+    if lowering == "im2col":
         variants += ([(0, 0.0, 1.0, math.inf), (0, math.inf, 1.0, math.inf)] if fmt == "NXC"
                      else [(0, 1.0, 0.0, 0), (0, 1.0, math.inf, 0),
                            (0, 1.0, 0.0, math.inf), (0, 1.0, math.inf, math.inf)])
@@ -772,13 +772,13 @@ def test_backward_weights_lowering_matches_the_oracle(op, kernel, variant, group
 
 @pytest.mark.parametrize(("lowering", "ratio", "fmt"),
                          [(name, math.inf, "NXC") for name in BACKWARD_WEIGHTS_LOWERINGS]
-                         + [("patches_matmul", 0.0, "NXC"), ("patches_matmul", 0.0, "NCX")])
+                         + [("im2col", 0.0, "NXC"), ("im2col", 0.0, "NCX")])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_backward_weights_lowering_low_precision(lowering, ratio, fmt, dtype, monkeypatch,
                                                  request):
     from oracle import random_array
 
-    # patches_matmul's three products, channel-minor patches multiplied as they lie (ratio
+    # im2col's three products, channel-minor patches multiplied as they lie (ratio
     # inf) and b's transpose times them (ratio 0); channels-first b times the patches, one
     # image at a time (NCX, ratio 0); the other lowerings ignore the constants
     monkeypatch.setattr(_patches, "PATCHES_CHANNELS_FIRST_MAX", 0)

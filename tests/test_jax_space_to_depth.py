@@ -1,5 +1,5 @@
 """The JAX backend's forward lowerings for restricted geometries, against the float64 oracle:
-``subpixel`` (space to depth: strided, undilated plans whose kernels are whole multiples of
+``space_to_depth`` (strided, undilated plans whose kernels are whole multiples of
 their strides), with each lowering of its inner stride-1 plan, and ``matmul_overlap_add``
 (multiply first: ungrouped plans whose product is no wider than ``a``); where they apply,
 NaN and infinity reaching exactly the outputs that read them, 16-bit data, and the measured
@@ -41,7 +41,7 @@ _S2D = (
 )
 _FORMATS = (("NXC", "XIO"), ("NCX", "OIX"), ("NXC", "IOX"), ("NCX", "XOI"))
 #: the inner plan's lowerings tried (with groups: the ones that compute grouped plans)
-_INNER = ("direct", "matmul_overlap_add", "patches_matmul", "taps", "elementwise")
+_INNER = ("direct", "matmul_overlap_add", "im2col", "taps", "elementwise")
 
 
 def _case(spatial, kernel, attrs, fmt, wfmt, ca, cb, groups, seed=0, low=-1.0):
@@ -80,7 +80,8 @@ _GROUPS_INNER = [(g, name) for g in (1, 2) for name in _INNER
 @pytest.mark.parametrize(("groups", "inner"), _GROUPS_INNER, indirect=["inner"])
 @pytest.mark.parametrize(("fmt", "wfmt"), _FORMATS)
 @pytest.mark.parametrize(("spatial", "kernel", "attrs"), _S2D)
-def test_subpixel_forward_matches_the_oracle(spatial, kernel, attrs, fmt, wfmt, groups, inner):
+def test_space_to_depth_forward_matches_the_oracle(spatial, kernel, attrs, fmt, wfmt, groups,
+                                                   inner):
     inner, taken = inner
     # elementwise computes the inner plan's S*Ca/G channels only up to 8 per group;
     # matmul_overlap_add needs few output channels
@@ -89,12 +90,12 @@ def test_subpixel_forward_matches_the_oracle(spatial, kernel, attrs, fmt, wfmt, 
               "matmul_overlap_add": (12, 1)}.get(inner, (4, 6))
     x, w, attrs = _case(spatial, kernel, attrs, fmt, wfmt, ca, cb, groups)
     plan = polyconv.infer_shape("convolution", x.shape, w.shape, **attrs)
-    assert _applies(plan, "subpixel")
+    assert _applies(plan, "space_to_depth")
     sub = _space_to_depth.inner_plan(plan)
     assert sub.b_spatial == plan.b_spatial and sub.strides == (1,) * plan.ndim
     if inner in ("matmul_overlap_add", "elementwise"):
         assert _applies(sub, inner), "the case does not reach the inner one"
-    with polyconv.implementation("jax:forward=subpixel"):
+    with polyconv.implementation("jax:forward=space_to_depth"):
         y = polyconv.convolution(jnp.asarray(x), jnp.asarray(w), **attrs)
     ref = reference("convolution", x, w, **attrs)
     assert y.shape == ref.y.shape
@@ -127,7 +128,8 @@ def test_matmul_overlap_add_forward_matches_the_oracle(spatial, kernel, attrs, f
 
 
 @pytest.mark.parametrize(("lowering", "case", "channels"), [
-    ("subpixel", _S2D[2], (4, 6)), ("subpixel", _S2D[4], (4, 6)), ("subpixel", _S2D[6], (4, 6)),
+    ("space_to_depth", _S2D[2], (4, 6)), ("space_to_depth", _S2D[4], (4, 6)),
+    ("space_to_depth", _S2D[6], (4, 6)),
     ("matmul_overlap_add", _OVERLAP[1], (8, 2)), ("matmul_overlap_add", _OVERLAP[2], (12, 2))])
 def test_nan_and_inf_reach_exactly_the_outputs_that_read_them(lowering, case, channels):
     """Every value of ``a`` meets only real taps: a NaN or infinity in ``src`` (its first,
@@ -152,11 +154,11 @@ def test_nan_and_inf_reach_exactly_the_outputs_that_read_them(lowering, case, ch
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("lowering", ["subpixel", "matmul_overlap_add"])
+@pytest.mark.parametrize("lowering", ["space_to_depth", "matmul_overlap_add"])
 def test_16_bit_data_within_the_bound(dtype, lowering):
     """16-bit data through the space-to-depth copy and the inner product: the oracle's
     float32 bound, in the data's dtype."""
-    case, channels = ((_S2D[3], (4, 6)) if lowering == "subpixel" else (_OVERLAP[2], (12, 2)))
+    case, channels = ((_S2D[3], (4, 6)) if lowering == "space_to_depth" else (_OVERLAP[2], (12, 2)))
     spatial, kernel, attrs = case
     x, w, attrs = _case(spatial, kernel, attrs, "NCX", "OIX", *channels, 1, seed=5)
     x, w = (np.asarray(jnp.asarray(v, dtype).astype(jnp.float32), np.float64) for v in (x, w))
@@ -169,7 +171,7 @@ def test_16_bit_data_within_the_bound(dtype, lowering):
 
 
 def test_where_they_apply_and_are_measured():
-    """``subpixel`` needs a stride, no dilation and whole multiples of the stride (else its
+    """``space_to_depth`` needs a stride, no dilation and whole multiples of the stride (else its
     zero taps would meet ``a``); ``matmul_overlap_add`` an ungrouped plan of several taps whose
     product is no wider than ``a``; the CPU's measured choice sees each where it applies."""
     def plan(src, kernel, ca, cb, groups=1, **attrs):
@@ -179,16 +181,16 @@ def test_where_they_apply_and_are_measured():
     fcn = plan((512, 512), (16, 16), 21, 21, strides=8, pads_begin=4, pads_end=4)
     yolo = plan((640, 640), (6, 6), 3, 32, strides=2, pads_begin=2, pads_end=2)
     for p in (fcn, yolo, plan((64, 64), (4, 4), 64, 8, groups=4, strides=2)):
-        assert _applies(p, "subpixel")
+        assert _applies(p, "space_to_depth")
     for p in (plan((56, 56), (3, 3), 64, 64, strides=2),                  # k3 s2: zero taps
               plan((56, 56), (4, 3), 64, 64, strides=2),                  # on one axis
               plan((56, 56), (4, 4), 64, 64, strides=2, dilations=2),
               plan((56, 56), (4, 4), 64, 64)):                             # no stride
-        assert not _applies(p, "subpixel")
+        assert not _applies(p, "space_to_depth")
     inner = _space_to_depth.inner_plan(fcn)
     assert (inner.a_channels, inner.kernel, inner.a_spatial) == (21 * 64, (2, 2), (65, 65))
     assert _applies(inner, "matmul_overlap_add")
     for p in (fcn, plan((56, 56), (1, 1), 256, 64), plan((56, 56), (2, 2), 64, 64, groups=2)):
         assert not _applies(p, "matmul_overlap_add")
-    assert "subpixel" in _choice.candidates("forward", fcn)
+    assert "space_to_depth" in _choice.candidates("forward", fcn)
     assert "matmul_overlap_add" in _choice.candidates("forward", inner)

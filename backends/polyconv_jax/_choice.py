@@ -217,7 +217,7 @@ def _time(fn, args, calls: int = 1) -> float:
     """Seconds per call of ``fn(*args)``: ``calls`` calls issued back to back, waited for
     once. On an accelerator one call of a small plan is mostly the host's dispatch and
     wait (0.1-0.2 ms on an H200, noisy, against kernels of tens of microseconds: one
-    measurement there took ``patches_matmul`` at 0.17 ms against 0.20 for ``direct``, which
+    measurement there took ``im2col`` at 0.17 ms against 0.20 for ``direct``, which
     then ran 0.29 ms against 0.18), while in a training step calls are queued and the
     device's time is what a lowering changes; with several queued calls the device's time
     is what is timed, and where dispatch still dominates the candidates tie and the plain

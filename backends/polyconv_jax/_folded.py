@@ -201,10 +201,10 @@ def _weights_folded(plan: ConvPlan, precision, a, b):
     user's layout.
 
     XLA CPU (jaxlib 0.10.2) runs the 1-D weight gradient of a 2-D problem well: on 2 CPUs
-    ResNet-50's 3x3 64->64 (4x56x56) 14.5 ms against 20.6 for ``patches_matmul`` and 28 for
+    ResNet-50's 3x3 64->64 (4x56x56) 14.5 ms against 20.6 for ``im2col`` and 28 for
     ``bands``, U-Net's 3x3 64->64 at 128x128 17.1 ms against 41.6 for ``direct``; a 3-D
     layer's 2-D one ran slower (786 ms against 409 for ``bands`` on 3x3x3 32->32 at
-    32x64x64), and so did the k2 s2 up-convolutions (``patches_matmul`` 1.4-3.4x faster), so
+    32x64x64), and so did the k2 s2 up-convolutions (``im2col`` 1.4-3.4x faster), so
     the measured choice decides."""
     nd, g, sa = plan.ndim, plan.groups, plan.spatial_axes
     xd, width = folded_operand(plan, a)

@@ -1,4 +1,4 @@
-"""Gather, then multiply (im2col, ``patches_matmul``): the windows of every tap stacked along
+"""Gather, then multiply (``im2col``): the windows of every tap stacked along
 channels and one matrix product, for the forward and the weight gradient."""
 
 from __future__ import annotations
@@ -181,6 +181,6 @@ def applies(plan: ConvPlan) -> bool:
         patches_abort_xla_gpu(plan) and jax.default_backend() == "gpu")
 
 
-FORWARD = Implementation("patches_matmul", "forward", _forward_patches, applies=applies)
-BACKWARD_WEIGHTS = Implementation("patches_matmul", "backward_weights", _weights_patches,
+FORWARD = Implementation("im2col", "forward", _forward_patches, applies=applies)
+BACKWARD_WEIGHTS = Implementation("im2col", "backward_weights", _weights_patches,
                                   applies=applies)

@@ -101,7 +101,7 @@ def gathers_little(plan: ConvPlan) -> bool:
             and taps < PATCHES_COPIES_BELOW * math.prod(plan.strides)))
 
 
-#: space-to-depth (``subpixel`` forward) up to this many contracted channels (or any count
+#: space-to-depth (``space_to_depth``) up to this many contracted channels (or any count
 #: where the kernel equals the stride): it multiplies the contraction by ``prod(S)``
 SUBPIXEL_MAX_CHANNELS = 32
 
@@ -164,7 +164,7 @@ def choose_forward(plan: ConvPlan) -> str:
     CPU's grouped convolution is a slow path), other groups ``grouped``; dilated kernels
     ``taps``; strided 3-D plans gather patches (its 3-D convolutions are slow), stride-1 ones
     ``sliced``; strided plans with narrow inputs or kernels equal to their strides go
-    space-to-depth (``subpixel``: a wide stride-1 contraction); ungrouped plans of few
+    space-to-depth (``space_to_depth``: a wide stride-1 contraction); ungrouped plans of few
     channels elementwise (:func:`few_channels`); 1x1 kernels one matrix product; 2-D
     channels-last plans ``folded`` (:func:`folds`) without a stride or with few input
     channels (strided wide ones gain within noise); else ``direct``."""
@@ -179,15 +179,15 @@ def choose_forward(plan: ConvPlan) -> str:
     strided = any(s > 1 for s in plan.strides)
     if plan.ndim >= 3:
         if strided:
-            return "patches_matmul" if patches_fit(plan) else "direct"
+            return "im2col" if patches_fit(plan) else "direct"
         return "sliced" if _sliced.slices(plan) else "direct"
     if _space_to_depth.applies(plan) and (
             plan.a_channels <= SUBPIXEL_MAX_CHANNELS or plan.kernel == plan.strides):
-        return "subpixel"
+        return "space_to_depth"
     if few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS):
         return "elementwise"
     if one_tap(plan) and patches_fit(plan):
-        return "patches_matmul"
+        return "im2col"
     if folds(plan) and (not strided or plan.a_channels <= SUBPIXEL_MAX_CHANNELS):
         return "folded"
     return "direct"
@@ -251,7 +251,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     ``grouped`` does not apply); groups of 2-4 channels on both sides (ResNeXt's) stay ``grouped``,
     several times faster than ``depthwise``. Ungrouped: dilated kernels ``taps``; plans whose
     patches copy ``a`` little (:func:`gathers_little`) one matrix product over them
-    (``patches_matmul``); 3-D ones ``sliced`` without a stride, else ``phases`` (XLA's 3-D weight
+    (``im2col``); 3-D ones ``sliced`` without a stride, else ``phases`` (XLA's 3-D weight
     gradient with a dilated kernel is slow); 2-D plans ``folded`` without a stride (from
     :data:`FOLDED_MIN_CHANNELS` channels on both sides) or with windows apart, strided ones of few
     input channels ``bands`` (the folded operand is narrow there); else ``direct``.
@@ -267,7 +267,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
         contracted = min(plan.a_channels, plan.b_channels)
         return "taps" if _taps.measured(plan, contracted) else "direct"
     if gathers_little(plan):
-        return "patches_matmul"
+        return "im2col"
     strided = any(s > 1 for s in plan.strides)
     if plan.ndim >= 3:
         return "phases" if strided else "sliced" if _sliced.slices(plan) else "direct"
@@ -283,8 +283,8 @@ def choose_backward_weights(plan: ConvPlan) -> str:
 
 #: the GPU policy's preferred lowering per primitive, for ungrouped plans (measured on an
 #: H100 over the real-model corpus: docs/benchmarks-gpu.json); the plain lowering otherwise
-GPU_PREFERRED = {"forward": "patches_matmul", "backward_data": "matmul_overlap_add",
-                 "backward_weights": "patches_matmul"}
+GPU_PREFERRED = {"forward": "im2col", "backward_data": "matmul_overlap_add",
+                 "backward_weights": "im2col"}
 
 
 #: the GPU forward gathers patches only up to this many kernel taps (a 3-D 3x3x3 kernel's
@@ -297,7 +297,7 @@ def gpu_policy(primitive: str, plan: ConvPlan, names: Sequence[str]) -> str:
     :data:`ELEMENTWISE_POLICY_CHANNELS` channels on both sides go elementwise, their weight
     gradient per group (:func:`narrow_groups`); a few wide groups (:func:`wide_groups`) one
     convolution per group; dilated kernels ``taps`` (cuDNN's dilated convolution is slow).
-    Ungrouped: the weight gradient gathers patches and multiplies once (``patches_matmul``)
+    Ungrouped: the weight gradient gathers patches and multiplies once (``im2col``)
     up to :data:`PATCHES_MAX_TAPS` taps (a slice per tap of a 16x16 kernel loses to cuDNN);
     a strided backward_data multiplies first and overlap-adds (``matmul_overlap_add``), or
     is one convolution of ``S*Ca`` outputs (``subpixel_matmul``) where that is exact and

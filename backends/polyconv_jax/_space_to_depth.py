@@ -1,4 +1,4 @@
-"""The space-to-depth forward lowering (``subpixel``).
+"""The space-to-depth forward lowering (``space_to_depth``).
 
 Without dilation, tap ``k`` of a strided axis reads phase ``r = k % s`` of ``a`` at shift
 ``m = k // s`` (:mod:`polyconv._phases`): ``a[y*s + k - pb] = phase_r[y + m]``. Stack the
@@ -37,7 +37,7 @@ from ._grouped import Lower
 
 
 def applies(plan: ConvPlan) -> bool:
-    """Whether ``subpixel`` computes ``plan``'s forward: a stride, no dilation, and only real
+    """Whether ``space_to_depth`` computes ``plan``'s forward: a stride, no dilation, and only real
     taps in the padded kernel (``K % s == 0`` per axis: the phases fill their window)."""
     return (any(s > 1 for s in plan.strides) and all(d == 1 for d in plan.dilations)
             and phases(plan).fills_window)
@@ -111,5 +111,6 @@ def forward(plan: ConvPlan, precision, a, w, *, lower: Lower):
 
 
 def implementation(lower: Lower) -> Implementation:
-    """The ``subpixel`` forward, its inner plan's lowering chosen by ``lower``."""
-    return Implementation("subpixel", "forward", partial(forward, lower=lower), applies=applies)
+    """The ``space_to_depth`` forward, its inner plan's lowering chosen by ``lower``."""
+    return Implementation("space_to_depth", "forward", partial(forward, lower=lower),
+                          applies=applies)

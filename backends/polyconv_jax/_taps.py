@@ -128,7 +128,7 @@ def forward_overlap_add(plan: ConvPlan, precision, a, w):
     at once (``[Ca, T*Cb]``, one product), then each tap's block of that product at the rows it
     reads (strided), padded to ``b`` and summed. For a narrow output side (``T*Cb`` columns
     against ``Ca`` contracted) this reads ``a`` once, where ``taps`` slices it once per tap
-    and ``patches_matmul`` copies it ``T`` times; the rows of ``a`` no tap reads are
+    and ``im2col`` copies it ``T`` times; the rows of ``a`` no tap reads are
     multiplied too (``s`` times the products of the definition per strided axis), and
     dropped: it pays without a stride (a space-to-depth problem: :mod:`._space_to_depth`).
     Ungrouped plans only."""

@@ -28,6 +28,12 @@ from .corpus_layers import LAYERS
 
 #: a row whose pick takes more than this times the fastest is listed as a loss
 LOSS = 1.15
+#: names records made before the glossary of implementations (docs/architecture.md) used
+RENAMED = {("forward", "patches_matmul"): "im2col",
+           ("backward_weights", "patches_matmul"): "im2col",
+           ("forward", "subpixel"): "space_to_depth",
+           ("forward", "overlap"): "matmul_overlap_add",
+           ("backward_data", "overlap"): "matmul_overlap_add"}
 
 
 def _records(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -54,7 +60,8 @@ def _times(row: dict[str, Any], backend: str) -> dict[str, dict[str, float]]:
         recorded = recorded[backend]
     elif backend != "jax":                              # older records hold JAX's only
         return {}
-    return {p: {n: t for n, t in ts.items() if t is not None and math.isfinite(t)}
+    return {p: {RENAMED.get((p, n), n): t for n, t in ts.items()
+                if t is not None and math.isfinite(t)}
             for p, ts in recorded.items() if isinstance(ts, dict)}
 
 
