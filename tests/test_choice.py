@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -239,3 +240,33 @@ def test_a_plan_and_its_alias_and_its_gradient_share_one_key():
     assert conv.with_(primitive="backward_data") == data
     assert conv.with_(primitive="backward_data").key == data.key
     assert conv.with_(dtype="float16").key != conv.key
+
+
+def test_the_environment_changing_in_another_thread_never_breaks_a_call(chooser, monkeypatch):
+    """Another thread setting and unsetting ``POLYCONV_IMPLEMENTATION`` meanwhile: each call
+    reads the variable once, so it sees either value, never an error."""
+    monkeypatch.delenv(_choice.FORCE_ENV, raising=False)
+    stop, seen, errors = threading.Event(), set(), []
+
+    def toggle():
+        while not stop.is_set():
+            os.environ[_choice.FORCE_ENV] = "fake:forward=plain"
+            os.environ.pop(_choice.FORCE_ENV, None)
+
+    other = threading.Thread(target=toggle)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)             # switch threads as often as the interpreter can
+    other.start()
+    try:
+        for _ in range(200_000):
+            try:
+                seen.add(chooser.choose("forward", PLAN))
+            except Exception as exc:        # the failure this test exists for
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+        os.environ.pop(_choice.FORCE_ENV, None)
+    assert not errors and seen <= {"plain", "cheap"}
