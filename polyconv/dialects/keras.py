@@ -33,8 +33,9 @@ def _data_format(who: str, data_format: Any) -> str:
     return _FORMATS[data_format]
 
 
-def _transpose_pairs(kernel, strides, dilations, padding: str, output_padding):
-    """Keras's dilated-input pads for its JAX backend, per axis."""
+def transpose_pairs(kernel, strides, dilations, padding: str, output_padding):
+    """Keras's dilated-input pads for its JAX backend, per axis (``output_padding``: an int or
+    ``None`` per axis); the Keras layers read them too."""
     pairs = []
     for k, s, d, o in zip(kernel, strides, dilations, output_padding):
         ek = (k - 1) * d + 1
@@ -85,7 +86,7 @@ def keywords(op: str, x_shape: Sequence[int], kernel_shape: Sequence[int], *,
         raise ValueError(msg)
     opad = ((None,) * ndim if output_padding is None else
             per_axis(who, "output_padding", output_padding, ndim, 0))
-    pairs = _transpose_pairs(kernel, strides, dilations, mode, opad)
+    pairs = transpose_pairs(kernel, strides, dilations, mode, opad)
     pads = transpose_pads(who, pairs, strides, extents(kernel, dilations))
     return {**out, **pads, "weights_format": "XOI"}
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..dialects.keras import transpose_pairs
+
 #: polyconv's own ``auto_pad`` names, accepted by every layer's ``auto_pad=``
 AUTO_PADS = ("same_upper", "same_lower", "valid")
 
@@ -166,19 +168,9 @@ def keras_transpose_pairs(padding: str, kernel_size: Sequence[int], strides: Seq
                           dilation: Sequence[int],
                           output_padding: Sequence[int] | None) -> Pairs:
     """Keras 3's ``Conv*DTranspose`` ``"valid"`` / ``"same"`` as dilated-input pairs, as its
-    JAX backend pads them (without ``output_padding``: ``in * s + max(ek - s, 0)`` and
-    ``in * s``; with one, ``"same"`` is ``(in - 1) * s + ek % 2 + output_padding``)."""
-    out = []
-    for i, (e, s) in enumerate(zip(extents(kernel_size, dilation), strides)):
-        op = None if output_padding is None else output_padding[i]
-        if padding == "valid":
-            op = max(e, s) - e if op is None else op
-            out.append((e - 1, e - 1 + op))
-            continue
-        total = s + e - 2 if op is None else e + e % 2 - 2 + op
-        lo = min(total // 2 + total % 2, e - 1)
-        out.append((lo, total - lo))
-    return tuple(out)
+    JAX backend pads them (the Keras dialect's rule)."""
+    opad = (None,) * len(strides) if output_padding is None else output_padding
+    return tuple(transpose_pairs(kernel_size, strides, dilation, padding, opad))
 
 
 def crop_transpose_padding(padding: Any, kernel_size: Sequence[int], strides: Sequence[int],
