@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
-from ._hints import cast_hint, jax_wrapper_hint
+from ._hints import cast_hint
 from ._limits import INDEX_LIMITS, IndexLimits
 from ._plan import ConvPlan
 
@@ -238,7 +238,7 @@ def check_one_library(op: str, arrays: dict[str, Any]) -> str:
         described = ", ".join(f"{n}: {type(x).__module__}.{type(x).__qualname__}"
                               for n, x in arrays.items())
         msg = (f"{op}: all array inputs must come from one array library; got {described}. "
-               f"Convert them to one library first{jax_wrapper_hint(arrays)}")
+               "Convert them to one library first")
         raise TypeError(msg)
     return distinct[0]
 
@@ -298,7 +298,7 @@ def check_arrays(op: str, arrays: dict[str, Any]) -> str:
     for name, x in arrays.items():
         if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
             msg = (f"{op}: {name} must be an array (numpy, JAX or array-API); got "
-                   f"{type(x).__name__}{jax_wrapper_hint({name: x})}")
+                   f"{type(x).__name__}")
             raise TypeError(msg)
         layout = _sparse_layout(x)
         if layout is not None:

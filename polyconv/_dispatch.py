@@ -117,9 +117,19 @@ def _dispatch(spec: OpSpec, arguments: dict[str, Any]) -> tuple[str, ConvPlan, s
     return backend, plan, next(iter(present))
 
 
+def _jax_arrays(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Inputs that stand for a JAX array (``__jax_array__``: a Flax ``nnx.Param``, another
+    framework's wrapper) as that array: they are accepted wherever a JAX array is."""
+    wrapped = [n for n in _ARRAY_PARAMETERS if hasattr(type(arguments.get(n)), "__jax_array__")]
+    if not wrapped:
+        return arguments
+    return {**arguments, **{n: arguments[n].__jax_array__() for n in wrapped}}
+
+
 def _call(spec: OpSpec, arguments: dict[str, Any]) -> Any:
     """Run op ``spec`` on its bound arguments: check the arrays, resolve the plan, pick the
     backend (once per dispatch key), run its primitive."""
+    arguments = _jax_arrays(arguments)
     key = _dispatch_key(spec, arguments)
     try:
         found = None if key is None else _DISPATCH.get(key)

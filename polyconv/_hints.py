@@ -1,12 +1,10 @@
 """The fixes that refusals name: how to rewrite an ``output_padding`` that another library
-accepts, how to cast inputs of two dtypes, how to pass a wrapper of a JAX array. Each
+accepts, how to cast inputs of two dtypes. Each
 returns the clause a message ends with (docs/semantics.md#validation), in words that do not
 depend on the backend.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 
 def output_padding_rewrite(output_padding: tuple[int, ...], strides: tuple[int, ...],
@@ -44,18 +42,3 @@ def cast_hint(dtypes: dict[str, str]) -> str:
     return (f"cast {others} to {dtypes[first]} ({first}'s dtype) to compute in "
             f"{dtypes[first]}, or {first} to {dtypes[odd[0]]}, before the call (numpy and JAX: "
             f".astype(dtype); PyTorch: .to(dtype))")
-
-
-def jax_wrapper_hint(arrays: dict[str, Any]) -> str:
-    """For inputs that are not arrays but convert to JAX arrays (``__jax_array__``: a Flax
-    ``nnx.Param``, an Equinox or other wrapper), how to pass the array itself; empty where
-    there are none."""
-    wrapped = [n for n, x in arrays.items() if hasattr(type(x), "__jax_array__")
-               and type(x).__module__.split(".", 1)[0] not in ("jax", "jaxlib")]
-    if not wrapped:
-        return ""
-    names = ", ".join(f"{n} ({type(arrays[n]).__module__}.{type(arrays[n]).__qualname__})"
-                      for n in wrapped)
-    return (f". {names} wraps a JAX array (it has __jax_array__, as a Flax nnx.Param "
-            f"has): pass the array, jnp.asarray({wrapped[0]}) (for an nnx.Param also "
-            f"{wrapped[0]}[...] or {wrapped[0]}.value)")
