@@ -120,10 +120,13 @@ def _dispatch(spec: OpSpec, arguments: dict[str, Any]) -> tuple[str, ConvPlan, s
 def _jax_arrays(arguments: dict[str, Any]) -> dict[str, Any]:
     """Inputs that stand for a JAX array (``__jax_array__``: a Flax ``nnx.Param``, another
     framework's wrapper) as that array: they are accepted wherever a JAX array is."""
-    wrapped = [n for n in _ARRAY_PARAMETERS if hasattr(type(arguments.get(n)), "__jax_array__")]
-    if not wrapped:
-        return arguments
-    return {**arguments, **{n: arguments[n].__jax_array__() for n in wrapped}}
+    unwrapped = {}
+    for name in _ARRAY_PARAMETERS:
+        # a JAX tracer's __jax_array__ is None unless its value stands for another's
+        convert = getattr(arguments.get(name), "__jax_array__", None)
+        if convert is not None:
+            unwrapped[name] = convert()
+    return {**arguments, **unwrapped} if unwrapped else arguments
 
 
 def _call(spec: OpSpec, arguments: dict[str, Any]) -> Any:
