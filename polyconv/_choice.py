@@ -336,17 +336,16 @@ class Chooser:
     def get(self, primitive: str, name: str) -> Implementation:
         return self._by_name[(primitive, name)]
 
-    def plain(self, primitive: str) -> str:
-        return self.names(primitive)[0]
-
     def applicable(self, primitive: str, plan: ConvPlan) -> tuple[str, ...]:
         return tuple(i.name for i in self.implementations
                      if i.primitive == primitive and i.applies(plan))
 
-    def costs(self, primitive: str, plan: ConvPlan) -> dict[str, float]:
-        """The priced estimate, in seconds, of each applicable implementation."""
-        return {n: c(plan) for n in self.applicable(primitive, plan)
-                if (c := self.get(primitive, n).cost) is not None}
+    def costs(self, primitive: str, plan: ConvPlan,
+              names: Sequence[str] | None = None) -> dict[str, float]:
+        """The priced estimate, in seconds, of each of ``names`` (default: the applicable
+        implementations) that has a cost."""
+        names = self.applicable(primitive, plan) if names is None else names
+        return {n: c(plan) for n in names if (c := self.get(primitive, n).cost) is not None}
 
     def default(self, primitive: str, plan: ConvPlan,
                 names: Sequence[str] | None = None) -> str:
@@ -354,7 +353,7 @@ class Chooser:
         names = self.applicable(primitive, plan) if names is None else tuple(names)
         if self._policy is not None:
             return self._policy(primitive, plan, names)
-        priced = {n: c(plan) for n in names if (c := self.get(primitive, n).cost) is not None}
+        priced = self.costs(primitive, plan, names)
         return min(priced, key=priced.__getitem__) if priced else names[0]
 
     def _default_of(self, primitive: str, plan: ConvPlan) -> tuple[tuple[str, ...], str]:
