@@ -156,6 +156,14 @@ class ConvPlan:
             return self.a_shape
         return self.weights_shape
 
+    def operand_shapes(self, primitive: str | None = None) -> tuple[tuple[int, ...], ...]:
+        """The shapes of a primitive's two operands (default: the plan's own), in the user's
+        layouts: ``a`` and the weights for forward, ``b`` and the weights for backward_data,
+        ``a`` and ``b`` for backward_weights."""
+        return {"forward": (self.a_shape, self.weights_shape),
+                "backward_data": (self.b_shape, self.weights_shape),
+                "backward_weights": (self.a_shape, self.b_shape)}[primitive or self.primitive]
+
     @property
     def bias_channels(self) -> int:
         """Length of the bias vector: the channels of the output tensor."""

@@ -205,12 +205,9 @@ _WORKER = "polyconv-autotune"
 
 def _inputs(primitive: str, plan: ConvPlan):
     """Random operands of the plan's shapes and dtype, on the default device."""
-    shapes = {"forward": (plan.a_shape, plan.weights_shape),
-              "backward_data": (plan.b_shape, plan.weights_shape),
-              "backward_weights": (plan.a_shape, plan.b_shape)}[primitive]
     rng = np.random.default_rng(0)
     return [jnp.asarray(rng.standard_normal(s, dtype=np.float32)).astype(plan.dtype)
-            for s in shapes]
+            for s in plan.operand_shapes(primitive)]
 
 
 def _time(fn, args, calls: int = 1) -> float:

@@ -48,11 +48,8 @@ SLOW_S = 1.0
 
 def _operands(plan: polyconv.ConvPlan, primitive: str, dtype: str, backend: str):
     rng = np.random.default_rng(0)
-    shapes = {"forward": (plan.a_shape, plan.weights_shape),
-              "backward_data": (plan.b_shape, plan.weights_shape),
-              "backward_weights": (plan.a_shape, plan.b_shape)}[primitive]
     arrays = [rng.standard_normal(s, dtype=np.float32).astype(numpy_dtype(dtype))
-              for s in shapes]
+              for s in plan.operand_shapes(primitive)]
     if backend == "jax":
         import jax.numpy as jnp
 
