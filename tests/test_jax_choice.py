@@ -613,6 +613,22 @@ def test_small_plans_take_the_plain_lowering(monkeypatch, strides):
     assert _policy("forward", large) == "elementwise"
 
 
+def test_tiny_strided_backward_data_takes_the_plain_lowering(monkeypatch):
+    """A strided backward_data counts the zeros its lhs-dilated convolution multiplies: the
+    test grid's tiny ones (a few thousand multiply-adds, a fraction of a millisecond as the
+    plain call) take it, where ``elementwise`` compiled for 5-20x the plain call's first call;
+    issue 51's stride-2 plan is no longer tiny once its zeros count."""
+    monkeypatch.setattr(rules, "SMALL_MACS", 1_000_000)
+    tiny = polyconv.infer_shape("ConvTranspose", (2, 4, 4, 6), (3, 3, 3, 6), strides=2,
+                                groups=1, weights_format="XOI").with_(primitive="backward_data")
+    assert tiny.macs * 4 < rules.SMALL_MACS
+    assert _policy("backward_data", tiny) == "direct"
+    issue = polyconv.infer_shape("ConvTranspose", (1, 5, 5, 5, 20), (3, 3, 3, 4, 20),
+                                 strides=2, groups=4, weights_format="XOI")
+    assert issue.macs < rules.SMALL_MACS <= issue.macs * 8
+    assert _policy("backward_data", issue.with_(primitive="backward_data")) != "direct"
+
+
 @pytest.mark.parametrize("spatial", [(5, 5), (5, 5, 5)])
 @pytest.mark.parametrize("strides", [1, 2])
 def test_no_default_compiles_an_elementwise_loop_per_group(spatial, strides):

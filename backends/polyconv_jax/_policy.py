@@ -371,20 +371,28 @@ CPU_RULES = {"forward": choose_forward, "backward_data": choose_backward_data,
              "backward_weights": choose_backward_weights}
 
 
-#: plans under this many multiply-adds take the plain lowering on CPU: its call takes
-#: milliseconds even on XLA CPU's grouped slow path, less than what compiling a decomposition
-#: adds (0.1-2 s on the test grid's plans, against 15-420 ms for the plain call's first call;
-#: docs/design_notes.md)
+#: plans under this much work take the plain lowering on CPU: its call takes at most a
+#: millisecond or two even on XLA CPU's grouped and lhs-dilated slow paths, less than what
+#: compiling a decomposition adds (0.1-2 s on the test grid's plans, against 10-90 ms for the
+#: plain call's first call; docs/design_notes.md)
 SMALL_MACS = 1_000_000
 
 
+def plain_work(plan: ConvPlan, primitive: str) -> int:
+    """The multiply-adds of ``primitive``'s plain convolution: the plan's, except for a
+    strided backward_data, whose lhs-dilated convolution also multiplies the zeros between the
+    rows of ``b`` (``prod(strides)`` times as many)."""
+    if primitive == "backward_data":
+        return plan.macs * math.prod(plan.strides)
+    return plan.macs
+
+
 def small(plan: ConvPlan, primitive: str) -> bool:
-    """Whether ``plan`` is too small for any decomposition's compilation to pay (under
-    :data:`SMALL_MACS`), a strided backward_data aside: it is never left to XLA CPU's
-    lhs-dilated convolution (40x the phases on a DCGAN layer, 100-400x in 3-D: tens of
-    milliseconds a call even on a small plan)."""
-    return plan.macs < SMALL_MACS and not (
-        primitive == "backward_data" and any(s > 1 for s in plan.strides))
+    """Whether ``plan`` is too small for any decomposition's compilation to pay: its plain
+    convolution does under :data:`SMALL_MACS` multiply-adds (:func:`plain_work`). Issue 51's
+    grouped 3-D ConvTranspose at stride 2 is not: its lhs-dilated backward_data took 22-60 ms
+    a call, against 0.2 ms by ``elementwise``."""
+    return plain_work(plan, primitive) < SMALL_MACS
 
 
 def policy(primitive: str, plan: ConvPlan, names: Sequence[str],
