@@ -1137,3 +1137,26 @@ def test_a_result_does_not_depend_on_another_threads_blas_section(monkeypatch):
         with _common.BLAS.one_thread():
             during = polyconv.convolution_backward_weights(x, x, (72, 72, 3, 3), **attrs)
     np.testing.assert_array_equal(during, serial)
+
+
+def test_the_first_computation_starts_the_backend_once_for_every_plan():
+    """Process-wide start-up (glibc's thresholds, the search for the BLAS library held at one
+    thread) belongs to the backend's first computation, whatever its plan, not to the first
+    plan that happens to split products over threads: that plan's first call then costs what
+    its later calls do. A fresh process: importing polyconv starts nothing; one tiny call,
+    whose products never split, starts everything."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import sys
+        import numpy as np
+        import polyconv
+        assert "threadpoolctl" not in sys.modules
+        polyconv.convolution(np.ones((1, 3, 3, 1), np.float32),
+                             np.ones((1, 1, 1, 1), np.float32), backend="numpy")
+        from polyconv_numpy._common import BLAS
+        assert "threadpoolctl" in sys.modules and "_controllers" in vars(BLAS)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -60,11 +60,11 @@ from typing import Any
 
 import numpy as np
 
-from polyconv import _malloc
 from polyconv._choice import Chooser
 from polyconv._geometry import ConvPlan
 
 from . import (
+    _common,
     _exact,
     _fast,
     _im2col,
@@ -121,8 +121,8 @@ class NumpyBackend:
     def _call(self, primitive: str, plan: ConvPlan, args: tuple, *checked: Any) -> np.ndarray:
         """One call of a primitive on the strategy :data:`CHOOSER` gives, except that an empty
         batch (no rows to lay on a grid) and non-finite ``checked`` inputs on a strategy not
-        exact on them take the exact path. The first call raises glibc's malloc thresholds
-        (:mod:`polyconv._malloc`).
+        exact on them take the exact path. The first call starts the backend
+        (:func:`._common.start`).
 
         NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
         warnings are silenced. The forward and backward_data check only ``w``: the grid adds
@@ -130,7 +130,7 @@ class NumpyBackend:
         weight gradient checks both, where zero rows of ``b`` meet values of ``a`` and padding
         zeros meet values of ``b``; a forward strategy whose zero taps meet the data checks
         ``a`` too."""
-        _malloc.tune()
+        _common.start()
         exact = CHOOSER.get(primitive, "exact")
         with np.errstate(invalid="ignore"):
             if not self.fast or not plan.batch:

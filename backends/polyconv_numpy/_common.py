@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from polyconv import _malloc
 from polyconv._geometry import ConvPlan
 
 
@@ -244,6 +245,17 @@ class _Blas:
 
 
 BLAS = _Blas()
+
+
+@cache
+def start() -> None:
+    """What the backend does once per process, on its first computation rather than on a
+    plan's: glibc's malloc thresholds (:mod:`polyconv._malloc`) and the search for the BLAS
+    library that :class:`_Blas` holds at one thread (importing `threadpoolctl` and reading
+    the loaded libraries, about 5 ms, which the first plan to split its products over
+    threads paid on top of its own first call)."""
+    _malloc.tune()
+    BLAS.threads()
 
 
 def split_rows(rows: int, work: Callable[[int, int], Any], blas: bool = False,
