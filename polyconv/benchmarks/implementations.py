@@ -3,8 +3,9 @@
 For each layer of the corpus (:mod:`polyconv.benchmarks.corpus_layers`) and each of its three
 primitives (the layer's op, and the two its gradient runs), each implementation the backend's
 chooser finds applicable is forced (:func:`polyconv.implementation`) and timed: the fastest of
-a few calls after a warm-up (JAX: jitted, its first call, compilation included, recorded
-too). The record answers two questions of the choice among implementations:
+a few calls after the first (JAX: jitted; the first call, compilation included, is recorded
+too), taken in rounds over the implementations. The record answers two questions of the
+choice among implementations:
 
 - **does the default pick hold up?** the default's time against the fastest implementation's,
   per row, with the geometric mean and the worst rows;
@@ -69,17 +70,21 @@ def _runner(backend: str, primitive: str, plan: polyconv.ConvPlan, arrays):
     return lambda: jax.block_until_ready(fn(*arrays))
 
 
-def _time(call) -> tuple[float, float]:
-    """(first call's seconds, fastest later call's seconds)."""
-    t0 = time.perf_counter()
-    call()
-    first = time.perf_counter() - t0
-    best = first
-    for _ in range(1 if first > SLOW_S else CALLS):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return first, best
+def _rounds(calls: dict[str, Any], force, first: dict[str, float]) -> dict[str, float]:
+    """The fastest of :data:`CALLS` later calls of each (one where its ``first`` call took
+    over :data:`SLOW_S`), in rounds over all of them, the order alternating: a burst of other
+    work on the machine slows one round of every implementation, not every call of one."""
+    best = dict(first)
+    names = list(calls)
+    for r in range(CALLS):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if first[name] > SLOW_S and r > 0:
+                continue
+            with force(name):
+                t0 = time.perf_counter()
+                calls[name]()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
@@ -93,14 +98,23 @@ def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
     for primitive in PRIMITIVES:
         plan = layer.plan.with_(primitive=primitive, dtype=layer.dtype)
         arrays = _operands(plan, primitive, layer.dtype, backend)
-        first, best = {}, {}
+        calls, first = {}, {}
+
+        def force(name: str, primitive: str = primitive):
+            return polyconv.implementation(f"{backend}:{primitive}={name}")
+
         for name in chooser.applicable(primitive, plan):
-            with polyconv.implementation(f"{backend}:{primitive}={name}"):
-                try:
-                    first[name], best[name] = _time(_runner(backend, primitive, plan, arrays))
-                except Exception as exc:     # a lowering that cannot run here never wins
-                    first[name] = best[name] = math.inf
-                    sys.stderr.write(f"{layer.title} {primitive} {name}: {exc!r:.200}\n")
+            try:
+                call = _runner(backend, primitive, plan, arrays)
+                with force(name):
+                    t0 = time.perf_counter()
+                    call()      # JAX: traced and compiled here
+                    first[name] = time.perf_counter() - t0
+                calls[name] = call
+            except Exception as exc:     # a lowering that cannot run here never wins
+                first[name] = math.inf
+                sys.stderr.write(f"{layer.title} {primitive} {name}: {exc!r:.200}\n")
+        best = {**first, **_rounds(calls, force, first)}
         rows.append({"layer": layer.title, "backend": backend, "primitive": primitive,
                      "dtype": layer.dtype, "default": chooser.default(primitive, plan),
                      "seconds": best, "first_call_s": first})
