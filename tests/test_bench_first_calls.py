@@ -56,3 +56,27 @@ def test_jax_plans_name_their_lowering_and_ratio(first_calls):
     assert results["worst"] == sorted((r for r in results["plans"] if r["ratio"] > 3),
                                       key=lambda r: -r["ratio"])
     assert "5 plans" in out
+
+
+def test_the_lax_peer_computes_what_polyconv_computes_on_the_same_arrays():
+    """The plain ``lax`` call the first calls are held against takes the arrays polyconv's
+    call takes (weights in the plan's layout) and computes the same: checked on every 3rd
+    plan of the test grid (every layout, group count and primitive appear) on the numpy
+    backend, itself checked against the float64 oracle elsewhere."""
+    pytest.importorskip("jax")
+    import jax
+    import numpy as np
+
+    import polyconv
+    from polyconv.benchmarks.first_call import grid_calls, lax_call, lax_inputs
+
+    calls = [c for c in grid_calls()[::3] if c.dtype == "float32"]
+    assert {c.plan.primitive for c in calls} == {"forward", "backward_data",
+                                                 "backward_weights"}
+    for c in calls:
+        plan = c.plan
+        arrays = lax_inputs(plan, plan.primitive, c.dtype)
+        got = np.asarray(jax.jit(lax_call(plan, plan.primitive))(*arrays))
+        numpy_backend = getattr(polyconv.get_backend("numpy"), plan.primitive)
+        want = numpy_backend(plan, *(np.asarray(x) for x in arrays))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=c.label)

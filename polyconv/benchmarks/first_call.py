@@ -138,22 +138,27 @@ def grid_calls(tests: Path | None = None) -> list[Call]:
                  "float32" if c.dtype == "float64" else c.dtype, "grid") for c in found]
 
 
-def lax_weights(plan: polyconv.ConvPlan, primitive: str, wc: np.ndarray) -> np.ndarray:
-    """Canonical weights [Cb, Ca/G, K..] as the lax call of ``primitive`` takes them, prepared
-    outside it: for backward_data flipped, with the group factor moved to the other side."""
+def lax_weights(plan: polyconv.ConvPlan, primitive: str, w, xp=np):
+    """The user's weights (``plan.weights_format``) as the lax call of ``primitive`` takes
+    them: canonical ``[Cb, Ca/G, K..]``, for backward_data flipped with the group factor moved
+    to the other side (what ``lax.conv_transpose(transpose_kernel=True)`` does), then in
+    lax's order. ``xp=jnp`` does it inside the jitted call, as a user holding weights in that
+    layout would: XLA then compiles the same change of layout polyconv's program holds."""
+    wc = xp.transpose(w, plan.weights_perm)
     if primitive == "backward_data":
         g, d = plan.groups, plan.ndim
-        w = wc.reshape(g, plan.b_channels // g, plan.a_channels // g, *plan.kernel)
-        w = np.swapaxes(w, 1, 2).reshape(plan.a_channels, plan.b_channels // g, *plan.kernel)
-        wc = np.flip(w, tuple(range(2, 2 + d)))
-    moved = np.moveaxis(wc, (0, 1), (-1, -2)) if plan.channels_last else wc
-    return np.ascontiguousarray(moved)
+        wc = wc.reshape(g, plan.b_channels // g, plan.a_channels // g, *plan.kernel)
+        wc = xp.swapaxes(wc, 1, 2).reshape(plan.a_channels, plan.b_channels // g, *plan.kernel)
+        wc = xp.flip(wc, tuple(range(2, 2 + d)))
+    return xp.moveaxis(wc, (0, 1), (-1, -2)) if plan.channels_last else wc
 
 
 def lax_call(plan: polyconv.ConvPlan, primitive: str):
-    """The hand-written ``lax.conv_general_dilated`` call of ``primitive``: ``f(a, w)`` for
-    forward, ``f(b, w)`` (lhs-dilated, as ``lax.conv_transpose`` emits it) for backward_data,
-    ``f(a, b)`` (``jax.vjp`` of the forward, as ``jax.grad`` runs it) for backward_weights."""
+    """The hand-written ``lax.conv_general_dilated`` call of ``primitive`` on the arrays a
+    polyconv call gets (weights in the plan's layout): ``f(a, w)`` for forward, ``f(b, w)``
+    (lhs-dilated, as ``lax.conv_transpose`` emits it) for backward_data, ``f(a, b)``
+    (``jax.vjp`` of the forward, as ``jax.grad`` runs it, in the weights' layout) for
+    backward_weights."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -166,6 +171,7 @@ def lax_call(plan: polyconv.ConvPlan, primitive: str):
     pads = list(zip(plan.pads_begin, plan.pads_end))
 
     def forward(a, w):
+        w = lax_weights(plan, "forward", w, jnp)
         return lax.conv_general_dilated(a, w, plan.strides, pads, **kw).astype(a.dtype)
 
     if primitive == "forward":
@@ -175,13 +181,13 @@ def lax_call(plan: polyconv.ConvPlan, primitive: str):
             plan.effective_kernel, plan.pads_begin, plan.pads_end, plan.output_padding)]
 
         def backward_data(b, w):
+            w = lax_weights(plan, "backward_data", w, jnp)
             return lax.conv_general_dilated(b, w, (1,) * plan.ndim, t_pads,
                                             lhs_dilation=plan.strides, **kw).astype(b.dtype)
         return backward_data
-    w_shape = lax_weights(plan, "forward", np.zeros(plan.w_shape, np.float32)).shape
 
     def backward_weights(a, b):
-        return jax.vjp(lambda w: forward(a, w), jnp.zeros(w_shape, a.dtype))[1](b)[0]
+        return jax.vjp(lambda w: forward(a, w), jnp.zeros(plan.weights_shape, a.dtype))[1](b)[0]
     return backward_weights
 
 
@@ -191,8 +197,7 @@ def lax_inputs(plan: polyconv.ConvPlan, primitive: str, dtype: str) -> tuple:
 
     rng = np.random.default_rng(0)
     a, b, w = (rng.standard_normal(s, dtype=np.float32)
-               for s in (plan.a_shape, plan.b_shape, plan.w_shape))
-    w = lax_weights(plan, primitive, w)
+               for s in (plan.a_shape, plan.b_shape, plan.weights_shape))
     xs = {"forward": (a, w), "backward_data": (b, w), "backward_weights": (a, b)}[primitive]
     return tuple(jnp.asarray(x.astype(numpy_dtype(dtype))) for x in xs)
 
@@ -264,8 +269,7 @@ def _jax_model(layers: tuple[Layer, ...], side: str):
             w = rng.standard_normal(layer.weights, dtype=np.float32)
         else:
             ops.append(lax_call(plan, plan.primitive))
-            w = lax_weights(plan, plan.primitive, rng.standard_normal(plan.w_shape,
-                                                                      dtype=np.float32))
+            w = rng.standard_normal(plan.weights_shape, dtype=np.float32)
         params.append(jnp.asarray(w.astype(dt)))
     x = jnp.asarray(rng.standard_normal(layers[0].src, dtype=np.float32).astype(dt))
     chained = len(ops) > 1
