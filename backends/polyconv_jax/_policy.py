@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import jax
-
 from polyconv import ConvPlan
 from polyconv._phases import phases as plan_phases
 
@@ -23,6 +21,7 @@ from ._grouped import splits_by_group, weights_apply
 from ._patches import patches_fit
 from ._plain import bands_apply
 from ._subpixel import subpixel_is_exact
+from ._xla import platform as current_platform
 
 #: each primitive's plain lowering (a hand-written ``lax`` call's)
 PLAIN = "direct"
@@ -392,7 +391,7 @@ def policy(primitive: str, plan: ConvPlan, names: Sequence[str],
     """The default among the applicable ``names`` (the chooser's policy): the CPU rules on CPU
     (the plain lowering for :func:`small` plans), :func:`gpu_policy` on GPU, the plain lowering
     elsewhere; the first of ``names`` where a rule's pick does not apply."""
-    platform = platform or jax.default_backend()
+    platform = platform or current_platform()
     if platform == "cpu":
         name = PLAIN if small(plan, primitive) else CPU_RULES[primitive](plan)
     elif platform == "gpu":
