@@ -119,23 +119,31 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite (not a test): writes docs/benchmarks.json (every library on all
-    CPUs), docs/benchmarks-1thread.json (on one thread), docs/benchmarks-torch-1thread.json
-    (polyconv-torch and torch alone, on one thread) and docs/benchmarks-corpus.json (the
-    real-model layers, forward and gradient) for the docs page.
+    """The benchmarks (not tests), overwriting this machine kind's records for the docs'
+    benchmarks page: ``docs/records/<benchmark>-<kind>.json``, the kind from ``polyconv bench
+    --machine-kind`` (``avx512``, ``avx2``, ``h100``...). On a CPU the suite and the
+    real-model corpus; on a CUDA GPU (``nox -s bench -- gpu``, with JAX's CUDA build and a
+    CUDA PyTorch installed beforehand) the corpus with ``--device gpu``. Any other arguments
+    go to every run (``nox -s bench -- --time-limit 600``).
 
-    PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
+    PyTorch is a peer when it can be installed (CPU build only here); otherwise it is skipped.
     """
+    gpu = session.posargs[:1] == ["gpu"]
+    options = session.posargs[1:] if gpu else session.posargs
     session.install(".[jax]")
-    from nox.command import CommandFailed
+    if not gpu:
+        from nox.command import CommandFailed
 
-    try:
-        session.install(f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", TORCH_CPU_INDEX)
-    except CommandFailed:
-        session.log("torch is not installable here: the PyTorch peer is skipped")
-    session.run("polyconv", "bench", "--json", "docs/benchmarks.json", *session.posargs)
-    session.run("polyconv", "bench", "--threads", "1", "--json", "docs/benchmarks-1thread.json",
-                *session.posargs)
-    session.run("polyconv", "bench", "--threads", "1", "--competitors", "polyconv-torch,torch",
-                "--repeats", "15", "--json", "docs/benchmarks-torch-1thread.json")
-    session.run("polyconv", "bench", "--corpus", "--json", "docs/benchmarks-corpus.json")
+        try:
+            session.install(f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", TORCH_CPU_INDEX)
+        except CommandFailed:
+            session.log("torch is not installable here: the PyTorch peer is skipped")
+    kind = session.run("polyconv", "bench", "--machine-kind", silent=True).strip()
+    records = "docs/records"
+    if gpu:
+        session.run("polyconv", "bench", "--corpus", "--device", "gpu", "--json",
+                    f"{records}/corpus-{kind}.json", *options)
+        return
+    session.run("polyconv", "bench", "--json", f"{records}/suite-{kind}.json", *options)
+    session.run("polyconv", "bench", "--corpus", "--json", f"{records}/corpus-{kind}.json",
+                *options)
