@@ -1,6 +1,6 @@
 """The default lowering of each primitive without measuring: rules set from measurements, one
 set per platform (docs/jax_lowerings.md has the measurements, docs/design_notes.md how the
-rules fare against the corpus records, ``polyconv.benchmarks.policy_check``). On the CPU the
+rules fare against the corpus records, ``polyconv bench --policy-check``). On the CPU the
 rules of :func:`choose_forward`, :func:`choose_backward_data` and
 :func:`choose_backward_weights` (2-core x86 hosts); on GPU :func:`gpu_policy` (an H100 and an
 H200); elsewhere (TPU, not measured) the plain lowering, which is what XLA's own convolution
@@ -281,7 +281,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
 
 
 #: the GPU policy's preferred lowering per primitive, for ungrouped plans (measured on an
-#: H100 over the real-model corpus: docs/benchmarks-gpu.json); the plain lowering otherwise
+#: H100 over the real-model corpus: docs/records/corpus-h100.json); the plain lowering otherwise
 GPU_PREFERRED = {"forward": "im2col", "backward_data": "matmul_overlap_add",
                  "backward_weights": "im2col"}
 
