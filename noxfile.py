@@ -119,31 +119,34 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmarks (not tests), overwriting this machine kind's records for the docs'
-    benchmarks page: ``docs/records/<benchmark>-<kind>.json``, the kind from ``polyconv bench
-    --machine-kind`` (``avx512``, ``avx2``, ``h100``...). On a CPU the suite and the
-    real-model corpus; on a CUDA GPU (``nox -s bench -- gpu``, with JAX's CUDA build and a
-    CUDA PyTorch installed beforehand) the corpus with ``--device gpu``. Any other arguments
-    go to every run (``nox -s bench -- --time-limit 600``).
+    """The benchmarks on this CPU (not tests): the suite and the real-model corpus, each
+    overwriting this machine kind's record for the docs' benchmarks page,
+    ``docs/records/<benchmark>-<kind>.json`` (the kind from ``polyconv bench --machine-kind``:
+    ``avx512``, ``avx2``...). Arguments go to every run (``nox -s bench -- --time-limit 600``).
 
-    PyTorch is a peer when it can be installed (CPU build only here); otherwise it is skipped.
+    PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
     """
-    gpu = session.posargs[:1] == ["gpu"]
-    options = session.posargs[1:] if gpu else session.posargs
     session.install(".[jax]")
-    if not gpu:
-        from nox.command import CommandFailed
+    from nox.command import CommandFailed
 
-        try:
-            session.install(f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", TORCH_CPU_INDEX)
-        except CommandFailed:
-            session.log("torch is not installable here: the PyTorch peer is skipped")
+    try:
+        session.install(f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", TORCH_CPU_INDEX)
+    except CommandFailed:
+        session.log("torch is not installable here: the PyTorch peer is skipped")
     kind = session.run("polyconv", "bench", "--machine-kind", silent=True).strip()
-    records = "docs/records"
-    if gpu:
-        session.run("polyconv", "bench", "--corpus", "--device", "gpu", "--json",
-                    f"{records}/corpus-{kind}.json", *options)
-        return
-    session.run("polyconv", "bench", "--json", f"{records}/suite-{kind}.json", *options)
-    session.run("polyconv", "bench", "--corpus", "--json", f"{records}/corpus-{kind}.json",
-                *options)
+    session.run("polyconv", "bench", "--json", f"docs/records/suite-{kind}.json",
+                *session.posargs)
+    session.run("polyconv", "bench", "--corpus", "--json", f"docs/records/corpus-{kind}.json",
+                *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def bench_gpu(session: nox.Session) -> None:
+    """The real-model corpus on this machine's CUDA GPU (``--device gpu``), overwriting its
+    record (``docs/records/corpus-h200.json`` on an H200). It runs in the current
+    environment, which must have polyconv, JAX's CUDA build and a CUDA PyTorch (CuPy too, for
+    the array-API backend's row): their builds depend on the machine's CUDA, which nox cannot
+    choose. Arguments go to the run (``nox -s bench_gpu -- --time-limit 600``)."""
+    kind = session.run("polyconv", "bench", "--machine-kind", silent=True).strip()
+    session.run("polyconv", "bench", "--corpus", "--device", "gpu", "--json",
+                f"docs/records/corpus-{kind}.json", *session.posargs)
