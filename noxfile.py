@@ -117,15 +117,24 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
 
 
+#: the benchmarks ``nox -s bench`` runs, each overwriting its record (all of them by default)
+BENCH_RUNS = {"suite": [], "corpus": ["--corpus"], "first-calls": ["--first-calls"],
+              "implementations": ["--implementations"]}
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmarks on this CPU (not tests): the suite and the real-model corpus, each
-    overwriting this machine kind's record for the docs' benchmarks page,
-    ``docs/records/<benchmark>-<kind>.json`` (the kind from ``polyconv bench --machine-kind``:
-    ``avx512``, ``avx2``...). Arguments go to every run (``nox -s bench -- --time-limit 600``).
+    """The benchmarks on this CPU (not tests), each overwriting this machine kind's record for
+    the docs' benchmarks page, ``docs/records/<benchmark>-<kind>.json`` (the kind from
+    ``polyconv bench --machine-kind``: ``avx512``, ``avx2``...): the suite, the real-model
+    corpus, the first calls and every implementation forced (hours on 2 CPUs);
+    ``nox -s bench -- corpus`` runs the ones named.
 
     PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
     """
+    unknown = set(session.posargs) - set(BENCH_RUNS)
+    if unknown:
+        session.error(f"unknown benchmarks {sorted(unknown)}; they are {list(BENCH_RUNS)}")
     session.install(".[jax]")
     from nox.command import CommandFailed
 
@@ -134,10 +143,10 @@ def bench(session: nox.Session) -> None:
     except CommandFailed:
         session.log("torch is not installable here: the PyTorch peer is skipped")
     kind = session.run("polyconv", "bench", "--machine-kind", silent=True).strip()
-    session.run("polyconv", "bench", "--json", f"docs/records/suite-{kind}.json",
-                *session.posargs)
-    session.run("polyconv", "bench", "--corpus", "--json", f"docs/records/corpus-{kind}.json",
-                *session.posargs)
+    for name, flags in BENCH_RUNS.items():
+        if name in (session.posargs or BENCH_RUNS):
+            session.run("polyconv", "bench", *flags, "--json",
+                        f"docs/records/{name}-{kind}.json")
 
 
 @nox.session(venv_backend="none")

@@ -381,6 +381,24 @@ def first_calls_markdown(record: dict[str, Any], worst: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+def implementations_markdown(record: dict[str, Any]) -> str:
+    """An implementations record (``polyconv bench --implementations``) as Markdown: per
+    backend, the default pick against the fastest, and the rows each implementation wins."""
+    lines = [machine_line(record["machine"]), ""]
+    for backend, s in record.get("summary", {}).items():
+        g = s.get("default_vs_fastest_geomean")
+        lines += [f"**{backend}**: the default pick takes "
+                  + (f"{g:.3f}x the fastest implementation's time" if g else "no row")
+                  + " (geometric mean); the worst rows: "
+                  + "; ".join(s.get("worst", [])[:3]) + ".", "",
+                  "| implementation | rows it applies to | rows it wins by 10% |",
+                  "|---|---|---|"]
+        lines += [f"| {name} | {s['rows_applicable'].get(name, 0)} | {len(won)} |"
+                  for name, won in s.get("wins", {}).items()]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------------------------
 # the docs page, from the records
 # --------------------------------------------------------------------------------------------
@@ -408,13 +426,14 @@ def docs_pages(directory: Path, out: Path) -> None:
     """The benchmarks page's generated parts (``out/benchmarks-<benchmark>.md`` and their
     plots), one section per machine kind that has a record, drawn from its record."""
     found = records(directory)
-    for benchmark in ("corpus", "suite", "first-calls"):
+    for benchmark in ("corpus", "suite", "first-calls", "implementations"):
         parts = []
         for kind in sorted(found.get(benchmark, {}), key=_kind_order):
             record = json.loads(found[benchmark][kind].read_text())
             name = KINDS.get(kind, kind)
             heading = {"corpus": name, "suite": f"The suite on a {name}",
-                       "first-calls": f"First calls on a {name}"}[benchmark]
+                       "first-calls": f"First calls on a {name}",
+                       "implementations": f"Every implementation on a {name}"}[benchmark]
             parts += [f"### {heading}", "",
                       f"Record: `docs/records/{found[benchmark][kind].name}`.", ""]
             if benchmark == "corpus":
@@ -425,8 +444,10 @@ def docs_pages(directory: Path, out: Path) -> None:
                 suite_plot(record, out / f"suite-{kind}.png")
                 parts += [suite_markdown(record), "",
                           f"![GFLOP/s per case and competitor](suite-{kind}.png)", ""]
-            else:
+            elif benchmark == "first-calls":
                 parts.append(first_calls_markdown(record))
+            else:
+                parts.append(implementations_markdown(record))
         text = "\n".join(parts) or ("No record yet: `nox -s bench` measures this machine "
                                      "(docs/benchmarks.md).\n")
         (out / f"benchmarks-{benchmark}.md").write_text(text)
