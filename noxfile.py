@@ -117,15 +117,24 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
 
 
+#: the benchmarks ``nox -s bench`` runs, each overwriting its record (all of them by default)
+BENCH_RUNS = {"suite": [], "corpus": ["--corpus"], "first-calls": ["--first-calls"],
+              "implementations": ["--implementations"]}
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite (not a test): writes docs/benchmarks.json (every library on all
-    CPUs), docs/benchmarks-1thread.json (on one thread), docs/benchmarks-torch-1thread.json
-    (polyconv-torch and torch alone, on one thread) and docs/benchmarks-corpus.json (the
-    real-model layers, forward and gradient) for the docs page.
+    """The benchmarks on this CPU (not tests), each overwriting this machine kind's record for
+    the docs' benchmarks page, ``docs/records/<benchmark>-<kind>.json`` (the kind from
+    ``polyconv bench --machine-kind``: ``avx512``, ``avx2``...): the suite, the real-model
+    corpus, the first calls and every implementation forced (hours on 2 CPUs);
+    ``nox -s bench -- corpus`` runs the ones named.
 
     PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.
     """
+    unknown = set(session.posargs) - set(BENCH_RUNS)
+    if unknown:
+        session.error(f"unknown benchmarks {sorted(unknown)}; they are {list(BENCH_RUNS)}")
     session.install(".[jax]")
     from nox.command import CommandFailed
 
@@ -133,9 +142,20 @@ def bench(session: nox.Session) -> None:
         session.install(f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", TORCH_CPU_INDEX)
     except CommandFailed:
         session.log("torch is not installable here: the PyTorch peer is skipped")
-    session.run("polyconv", "bench", "--json", "docs/benchmarks.json", *session.posargs)
-    session.run("polyconv", "bench", "--threads", "1", "--json", "docs/benchmarks-1thread.json",
-                *session.posargs)
-    session.run("polyconv", "bench", "--threads", "1", "--competitors", "polyconv-torch,torch",
-                "--repeats", "15", "--json", "docs/benchmarks-torch-1thread.json")
-    session.run("polyconv", "bench", "--corpus", "--json", "docs/benchmarks-corpus.json")
+    kind = session.run("polyconv", "bench", "--machine-kind", silent=True).strip()
+    for name, flags in BENCH_RUNS.items():
+        if name in (session.posargs or BENCH_RUNS):
+            session.run("polyconv", "bench", *flags, "--json",
+                        f"docs/records/{name}-{kind}.json")
+
+
+@nox.session(venv_backend="none")
+def bench_gpu(session: nox.Session) -> None:
+    """The real-model corpus on this machine's CUDA GPU (``--device gpu``), overwriting its
+    record (``docs/records/corpus-h200.json`` on an H200). It runs in the current
+    environment, which must have polyconv, JAX's CUDA build and a CUDA PyTorch (CuPy too, for
+    the array-API backend's row): their builds depend on the machine's CUDA, which nox cannot
+    choose. Arguments go to the run (``nox -s bench_gpu -- --time-limit 600``)."""
+    kind = session.run("polyconv", "bench", "--machine-kind", silent=True).strip()
+    session.run("polyconv", "bench", "--corpus", "--device", "gpu", "--json",
+                f"docs/records/corpus-{kind}.json", *session.posargs)

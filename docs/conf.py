@@ -1,9 +1,10 @@
 """Sphinx configuration: MyST pages, numpydoc docstrings, pydata theme.
 
 Before each build this file regenerates, under ``_generated/`` (not in git):
-the semantics figures (``_scripts/figures.py``, drawn from polyconv's own geometry) and the
-``polyconv`` command's help texts (from its argparse parser), so neither can drift from the
-code. Build with ``sphinx-build -W --keep-going -b html docs docs/_build/html``.
+the semantics figures (``_scripts/figures.py``, drawn from polyconv's own geometry), the
+``polyconv`` command's help texts (from its argparse parser) and the benchmarks page's plots
+and tables (from the records in ``records/``), so none can drift from the code or the data.
+Build with ``sphinx-build -W --keep-going -b html docs docs/_build/html``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ extensions = [
     "numpydoc",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build", "_scripts", "Thumbs.db", ".DS_Store"]
+# the generated Markdown parts are included into pages, not pages of their own
+exclude_patterns = ["_build", "_scripts", "_generated/*.md", "Thumbs.db", ".DS_Store"]
 myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
 myst_heading_anchors = 3
 
@@ -88,30 +90,11 @@ def _generate(app) -> None:
 
 
 def _benchmarks(out: Path) -> None:
-    """The benchmark page's tables and plots, drawn from the committed runs: every library on
-    all CPUs (``benchmarks.json``) and on one thread (``benchmarks-1thread.json``)."""
-    import json
+    """The benchmarks page's plots and tables, drawn from the committed records
+    (``docs/records/<benchmark>-<machine kind>.json``, one per machine kind)."""
+    from polyconv.benchmarks.report import docs_pages
 
-    from polyconv.benchmarks.suite import format_markdown, plot
-
-    for stem in ("benchmarks", "benchmarks-1thread"):
-        source, table = DOCS / f"{stem}.json", out / f"{stem}.md"
-        if not source.exists():
-            table.write_text("No results yet: run `nox -s bench` to measure this machine.\n")
-            continue
-        results = json.loads(source.read_text())
-        plot(results, out / f"{stem}.png")
-        table.write_text(format_markdown(results)
-                         + f"\n![GFLOP/s per case and competitor]({stem}.png)\n")
-    from polyconv.benchmarks.corpus_report import format_gpu_markdown
-    from polyconv.benchmarks.corpus_report import format_markdown as corpus_markdown
-
-    source, table = DOCS / "benchmarks-corpus.json", out / "benchmarks-corpus.md"
-    table.write_text(corpus_markdown(json.loads(source.read_text())) if source.exists() else
-                     "No results yet: run `nox -s bench` to measure this machine.\n")
-    source, table = DOCS / "benchmarks-gpu.json", out / "benchmarks-gpu.md"
-    table.write_text(format_gpu_markdown(json.loads(source.read_text())) if source.exists()
-                     else "No GPU results yet: `polyconv bench --corpus --device gpu`.\n")
+    docs_pages(DOCS / "records", out)
 
 
 def setup(app):

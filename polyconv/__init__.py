@@ -6,7 +6,9 @@ Six ops with oneDNN Graph semantics: :func:`convolution`, :func:`convolution_bac
 arrays, JAX arrays and any array-API array. All shape, padding and layout logic is resolved
 once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`. :func:`compare` runs one op
 on every backend against a float64 reference. :func:`implementation` forces a backend's
-implementation by name and :func:`autotune` measures them (off by default).
+implementation by name and :func:`autotune` measures them (off by default);
+:func:`implementations` and :func:`default_implementation` say which there are and which
+one a call gets.
 """
 
 from ._backends import (
@@ -19,6 +21,7 @@ from ._backends import (
 )
 from ._choice import Implementation, autotune, chosen, implementation
 from ._geometry import AUTO_PADS, DATA_FORMATS, WEIGHTS_FORMATS, ConvPlan
+from ._implementations import default_implementation, implementations, measured
 from ._ops import (
     OPS,
     conv_transpose,
@@ -61,9 +64,12 @@ __all__ = [
     "convolution_backprop_filters",
     "convolution_backward_data",
     "convolution_backward_weights",
+    "default_implementation",
     "get_backend",
     "implementation",
+    "implementations",
     "infer_shape",
+    "measured",
     "registered_backends",
 ]
 

@@ -306,12 +306,17 @@ class Chooser:
     context : callable, optional
         ``context() -> str``: the device kind and library versions a measurement holds for
         (part of the cache key).
+    answering_for : callable, optional
+        ``answering_for(platform)``: a context manager under which the records'
+        ``applies`` and the policy answer as on ``platform`` (``"cpu"``, ``"gpu"``...), for
+        a backend whose rules depend on the device; without it they are the same everywhere.
     """
 
     def __init__(self, backend: str, implementations: Sequence[Implementation], *,
                  policy: Callable[[str, ConvPlan, Sequence[str]], str] | None = None,
                  ties: Sequence[tuple[str | None, float]] = ((None, 0.0),),
-                 context: Callable[[], str] = lambda: ""):
+                 context: Callable[[], str] = lambda: "",
+                 answering_for: Callable[[str], contextlib.AbstractContextManager] | None = None):
         self.backend = backend
         self.implementations = tuple(implementations)
         self._by_name = {(i.primitive, i.name): i for i in self.implementations}
@@ -321,6 +326,7 @@ class Chooser:
         self._policy = policy
         self.ties = tuple(ties)
         self.context = context
+        self._answering_for = answering_for
         self._lock = threading.Lock()
         self._measuring: dict[str, threading.Lock] = {}
         self._chosen: dict[str, str] = {}
@@ -348,8 +354,13 @@ class Chooser:
         return {n: c(plan) for n in names if (c := self.get(primitive, n).cost) is not None}
 
     def default(self, primitive: str, plan: ConvPlan,
-                names: Sequence[str] | None = None) -> str:
-        """The pick without measuring: the backend's policy, else the cheapest priced."""
+                names: Sequence[str] | None = None, platform: str | None = None) -> str:
+        """The pick without measuring: the backend's policy, else the cheapest priced; with
+        ``platform``, the pick on that platform (the same unless the backend's rules depend
+        on the device: ``answering_for``)."""
+        if platform is not None and self._answering_for is not None:
+            with self._answering_for(platform):
+                return self.default(primitive, plan, names)
         names = self.applicable(primitive, plan) if names is None else tuple(names)
         if self._policy is not None:
             return self._policy(primitive, plan, names)
@@ -488,3 +499,4 @@ def chosen() -> dict[str, str]:
     for c in _CHOOSERS.values():
         out.update(c.chosen())
     return out
+

@@ -91,21 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", add_help=False,
                            help="benchmark polyconv side by side with PyTorch and lax "
-                                "('polyconv bench --help' for options; 'polyconv bench "
-                                "--first-calls --help' for first calls)")
+                                "('polyconv bench --help' for options and the other "
+                                "benchmarks: --corpus, --first-calls, ...)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``polyconv bench``: the benchmark suite of :mod:`polyconv.benchmarks.suite`;
-    ``polyconv bench --first-calls``: the first calls of :mod:`polyconv.benchmarks.first_call`."""
-    if args.bench_args[:1] == ["--first-calls"]:
-        from .benchmarks.first_call import main as first_calls_main
-
-        return first_calls_main(args.bench_args[1:])
-    from .benchmarks.suite import main as bench_main
+    """``polyconv bench [FLAG] ...``: the benchmark that ``polyconv.benchmarks.BENCHMARKS``
+    names for its flag (the suite without one)."""
+    from .benchmarks import main as bench_main
 
     return bench_main(args.bench_args)
 
@@ -192,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["bench"]:  # its own parser: every option goes to the suite
+        if argv[:1] == ["bench"]:  # its own parsers: every option goes to the benchmark
             return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
         args = parser.parse_args(argv)
         return args.func(args)

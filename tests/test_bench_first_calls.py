@@ -68,15 +68,16 @@ def test_the_lax_peer_computes_what_polyconv_computes_on_the_same_arrays():
     import numpy as np
 
     import polyconv
-    from polyconv.benchmarks.first_call import grid_calls, lax_call, lax_inputs
+    from polyconv.benchmarks.first_call import grid_calls
+    from polyconv.benchmarks.peers import lax_function, lax_inputs
 
     calls = [c for c in grid_calls()[::3] if c.dtype == "float32"]
     assert {c.plan.primitive for c in calls} == {"forward", "backward_data",
                                                  "backward_weights"}
     for c in calls:
         plan = c.plan
-        arrays = lax_inputs(plan, plan.primitive, c.dtype)
-        got = np.asarray(jax.jit(lax_call(plan, plan.primitive))(*arrays))
+        arrays = lax_inputs(plan, plan.primitive, c.dtype, user_weights=True)
+        got = np.asarray(jax.jit(lax_function(plan, plan.primitive, user_weights=True))(*arrays))
         numpy_backend = getattr(polyconv.get_backend("numpy"), plan.primitive)
         want = numpy_backend(plan, *(np.asarray(x) for x in arrays))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=c.label)

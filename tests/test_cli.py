@@ -359,7 +359,7 @@ def test_backends_copes_with_a_missing_backend(capsys, monkeypatch):
 def test_bench_smoke(tmp_path, capsys):
     # the suite runs end to end (one round, one case) and writes its JSON; timings are not
     # asserted, only the structure and the arithmetic relating its fields
-    from polyconv.benchmarks import suite
+    from polyconv.benchmarks import report, suite
 
     out = tmp_path / "bench.json"
     assert suite.main(["--repeats", "1", "--warmup", "0", "--lead-in", "0",
@@ -376,16 +376,17 @@ def test_bench_smoke(tmp_path, capsys):
     assert set(times) | set(case["skipped"]) == {c.name for c in suite.COMPETITORS}
     assert 0 < case["numpy_peak_extra_memory_ratio"] <= 2
     assert "ConvTranspose 2D depthwise g64" in capsys.readouterr().out
-    assert "depthwise" in suite.format_markdown(results)
+    assert "depthwise" in report.suite_markdown(results)
 
 
 def test_bench_corpus_smoke(tmp_path, capsys):
     # the real-model corpus runs end to end through `polyconv bench --corpus` (one layer, one
     # round) and writes its JSON; only structure and the ratios' arithmetic are asserted
-    from polyconv.benchmarks import corpus, corpus_report, suite
+    from polyconv.benchmarks import corpus
+    from polyconv.benchmarks import report as corpus_report
 
     out = tmp_path / "corpus.json"
-    assert suite.main(["--corpus", "--layers", "DCGAN G: ConvT 64->3", "--repeats", "1",
+    assert main(["bench", "--corpus", "--layers", "DCGAN G: ConvT 64->3", "--repeats", "1",
                        "--warmup", "0", "--competitors",
                        "polyconv-jax,polyconv-jax backward ops,lax,polyconv-numpy",
                        "--json", str(out)]) == 0
@@ -417,21 +418,22 @@ def test_bench_corpus_on_gpu_reports_what_could_not_run(tmp_path, monkeypatch):
     # `--device gpu` runs JAX on its default device and the CUDA peers; on a machine without
     # CUDA the PyTorch and CuPy peers are skipped with their reason, not silently dropped
     pytest.importorskip("jax")
-    from polyconv.benchmarks import corpus, corpus_report, suite
+    from polyconv.benchmarks import harness
+    from polyconv.benchmarks import report as corpus_report
 
     queued = []
-    timed_call = corpus.timed_call
-    monkeypatch.setattr(corpus, "timed_call", lambda fn, n=1: (queued.append(n),
-                                                               timed_call(fn, n))[1])
+    timed_call = harness.timed_call
+    monkeypatch.setattr(harness, "timed_call", lambda fn, n=1, q=False: (
+        queued.append((n, q)), timed_call(fn, n, q))[1])
 
     out = tmp_path / "gpu.json"
-    assert suite.main(["--corpus", "--device", "gpu", "--batch-scale", "2", "--layers",
+    assert main(["bench", "--corpus", "--device", "gpu", "--batch-scale", "2", "--layers",
                        "DCGAN G: ConvT 64->3", "--modes", "forward", "--repeats", "1",
                        "--warmup", "0", "--competitors", "polyconv-jax,lax,torch,polyconv-cupy",
                        "--queued", "3", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     (row,) = results["layers"]
-    assert results["machine"]["queued_calls"] == 3 and set(queued) == {3}
+    assert results["machine"]["queued_calls"] == 3 and set(queued) == {(3, True)}
     assert "calls queued per timing 3" in corpus_report.format_markdown(results)
     assert set(row["median_s"]) | set(row["skipped"]) == {"polyconv-jax", "lax", "torch",
                                                           "polyconv-cupy"}
@@ -447,18 +449,19 @@ def test_bench_corpus_time_limit_and_several_layers(tmp_path, monkeypatch):
     # `--layers a|b` takes every layer matching one of the parts, in the corpus's order; with
     # --json the record is written after every row (a run cut short keeps its rows), and
     # `--time-limit` starts no row past it, listing those left
-    from polyconv.benchmarks import corpus, suite
+    from polyconv.benchmarks import corpus
+    from polyconv.benchmarks import main as bench
 
     out = tmp_path / "corpus.json"
     argv = ["--corpus", "--layers", "MNIST|dcgan g: convt 64->3", "--modes", "forward",
             "--repeats", "1", "--warmup", "0", "--competitors", "polyconv-numpy",
             "--json", str(out)]
-    assert suite.main(argv) == 0
+    assert bench(argv) == 0
     results = json.loads(out.read_text())
     assert [r["layer"] for r in results["layers"]] == ["DCGAN G: ConvT 64->3 k4 s2 32x32",
                                                        "MNIST CNN: Conv 1->32 k3 28x28 NCX"]
     assert "not_run" not in results
-    assert suite.main([*argv, "--time-limit", "0"]) == 0
+    assert bench([*argv, "--time-limit", "0"]) == 0
     results = json.loads(out.read_text())
     assert results["layers"] == [] and results["not_run"] == [
         "DCGAN G: ConvT 64->3 k4 s2 32x32 forward", "MNIST CNN: Conv 1->32 k3 28x28 NCX forward"]
@@ -471,7 +474,7 @@ def test_bench_corpus_time_limit_and_several_layers(tmp_path, monkeypatch):
 
     monkeypatch.setattr(corpus, "run_layer", second_fails)
     with pytest.raises(KeyboardInterrupt):
-        suite.main(argv)
+        bench(argv)
     assert [r["layer"] for r in json.loads(out.read_text())["layers"]] == [
         "DCGAN G: ConvT 64->3 k4 s2 32x32"]
     # an empty part matches nothing more (not every layer); no text matches every layer
@@ -481,23 +484,25 @@ def test_bench_corpus_time_limit_and_several_layers(tmp_path, monkeypatch):
     assert len(corpus.matching_layers("")) == len(corpus.LAYERS)
     assert corpus.matching_layers("mnist", 3)[0].src[0] == 3 * 64
     with pytest.raises(SystemExit):
-        suite.main([*argv, "--queued", "0"])
+        bench([*argv, "--queued", "0"])
 
 
 def test_queued_timing_issues_the_calls_back_to_back_and_waits_once():
     # `--queued N`: N calls issued, one wait, the time divided by N; where a competitor cannot
     # queue (a synchronous call) it is called N times
-    from polyconv.benchmarks.corpus import Jitted, Waited, timed_call
+    from polyconv.benchmarks.harness import Jitted, Waited, timed_call
 
     log = []
     waited = Waited(lambda: log.append("call"), lambda: (log.append("wait"), time.sleep(0.05)))
-    per_call = timed_call(waited, queued=5)
+    per_call = timed_call(waited, 5, queued=True)
     assert log == ["call"] * 5 + ["wait"]
     assert 0.05 / 5 <= per_call < 0.05
     log.clear()
     assert timed_call(waited) >= 0.05 and log == ["call", "wait"]
     log.clear()
-    timed_call(lambda: log.append("sync"), queued=3)
+    assert timed_call(waited, 2) >= 0.05 and log == ["call", "wait"] * 2
+    log.clear()
+    timed_call(lambda: log.append("sync"), 3, queued=True)
     assert log == ["sync"] * 3
     jax = pytest.importorskip("jax")
     calls = []
@@ -514,7 +519,7 @@ def test_queued_timing_issues_the_calls_back_to_back_and_waits_once():
 def test_corpus_ratios_take_pytorchs_best_full_precision_configuration():
     # on CUDA PyTorch runs in two memory formats (the faster is the peer) and with TF32,
     # which is reported apart: it is not the same arithmetic
-    from polyconv.benchmarks.corpus_report import ratios
+    from polyconv.benchmarks.report import ratios
 
     row = {"median_s": {"polyconv-jax": 2.0, "torch": 4.0, "torch NCX": 1.0, "torch tf32": 0.5,
                         "polyconv-torch": 1.5, "polyconv-cupy": 3.0, "lax": 2.0}}
@@ -526,7 +531,8 @@ def test_records_name_the_environment_settings_that_change_kernels(monkeypatch):
     # XLA's CPU options and glibc's arena count change what a run measures: a record that
     # ran under them says so, in its JSON and in the docs' table, and one without them
     # names none
-    from polyconv.benchmarks import corpus_report, suite
+    from polyconv.benchmarks import harness as suite
+    from polyconv.benchmarks import report as corpus_report
 
     flags = "--xla_cpu_experimental_ynn_fusion_type=dot"
     monkeypatch.delenv("XLA_FLAGS", raising=False)
@@ -550,8 +556,8 @@ def test_the_machine_record_names_versions_without_importing_the_libraries():
     # not import them (PyTorch's thread pools would start between the timings); the versions
     # are those the libraries report once imported
     code = ("import json, sys\n"
-            "from polyconv.benchmarks import suite\n"
-            "m = suite.machine()\n"
+            "from polyconv.benchmarks import harness\n"
+            "m = harness.machine()\n"
             "loaded = [mod for mod in ('jax', 'torch') if mod in sys.modules]\n"
             "own = {mod: __import__(mod).__version__ for mod in ('jax', 'torch') if mod in m}\n"
             "print(json.dumps([loaded, {mod: m[mod] for mod in own}, own]))\n")
@@ -605,16 +611,16 @@ def test_bench_refuses_an_unknown_competitor(bench, named, capsys):
 
 
 def test_bench_lead_in_lasts_its_calls_and_its_time(monkeypatch):
-    from polyconv.benchmarks import suite
+    from polyconv.benchmarks import harness
 
-    monkeypatch.setattr(suite, "LEAD_IN_SECONDS", 0.02)
+    monkeypatch.setattr(harness, "LEAD_IN_SECONDS", 0.02)
     calls = []
     t0 = time.perf_counter()
-    suite._lead_in(lambda: calls.append(1), 3)
+    harness.lead_in(lambda: calls.append(1), 3)
     assert time.perf_counter() - t0 >= 0.02 and len(calls) >= 3
     calls.clear()
-    monkeypatch.setattr(suite, "LEAD_IN_SECONDS", 0.0)
-    suite._lead_in(lambda: calls.append(1), 3)
+    monkeypatch.setattr(harness, "LEAD_IN_SECONDS", 0.0)
+    harness.lead_in(lambda: calls.append(1), 3)
     assert len(calls) == 3
 
 
@@ -622,11 +628,11 @@ def test_bench_torch_tensors_are_torch_allocated():
     # numpy's allocations may be 16-byte aligned only, which slows oneDNN: every torch
     # competitor gets a copy in torch's memory, equal to the array
     torch = pytest.importorskip("torch")
-    from polyconv.benchmarks import suite
+    from polyconv.benchmarks import harness
 
     a = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
     view = np.moveaxis(a, -1, 1)
-    t = suite.torch_tensor(view, torch.float32)
+    t = harness.torch_tensor(view, torch.float32)
     assert t.is_contiguous() and t.data_ptr() % 64 == 0
     assert t.data_ptr() != a.ctypes.data
     np.testing.assert_array_equal(t.numpy(), view)
@@ -635,7 +641,7 @@ def test_bench_torch_tensors_are_torch_allocated():
 def test_bench_threads_reruns_pinned(tmp_path):
     # --threads reruns the suite in a process whose libraries all use that many threads
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "polyconv.benchmarks.suite", "--threads", "1",
+    proc = subprocess.run([sys.executable, "-m", "polyconv.benchmarks", "--threads", "1",
                            "--repeats", "1", "--warmup", "0", "--lead-in", "0",
                            "--cases", "depthwise", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
@@ -645,19 +651,17 @@ def test_bench_threads_reruns_pinned(tmp_path):
     assert "every library on 1 thread(s)" in proc.stdout
 
 
-def test_bench_lax_peer_computes_each_op():
-    """The hand-written ``lax`` peer computes the op it is timed against: small cases of each
-    kind of the suite, with IC != OC so that a swapped weights layout shows."""
-    pytest.importorskip("jax")
-    from polyconv.benchmarks import suite
-
-    cases = [
+#: small cases of each kind of the suite, with IC != OC so that a swapped weights layout shows
+def _small_cases(suite):
+    return [
         suite._ct("ConvTranspose", 2, (5, 6), 4, 6, 3, 2, 1, 1),
         suite._ct("grouped", 2, (5, 6), 4, 6, 3, 2, 1, 1, groups=2),
         suite._ct("1-D", 2, (9,), 4, 6, 4, 2, 1, 0),
         suite._ct("3-D", 1, (3, 4, 3), 4, 6, 3, 2, 1, 1),
         suite.Case("Convolution", "convolution", ((2, 7, 6, 4), (3, 3, 4, 6)),
                    dict(strides=2, pads_begin=1, pads_end=0)),
+        suite.Case("Convolution grouped", "convolution", ((2, 7, 6, 4), (3, 3, 2, 6)),
+                   dict(strides=2, pads_begin=1, pads_end=1, groups=2)),
         suite.Case("ConvolutionBackwardData", "convolution_backward_data",
                    ((2, 4, 3, 6), (3, 3, 4, 6)), dict(strides=2, pads_begin=1, pads_end=1),
                    extra=((7, 6),)),
@@ -666,11 +670,64 @@ def test_bench_lax_peer_computes_each_op():
                    extra=((3, 3, 4, 6),)),
         suite.Case("ConvTransposeBackwardWeights", "conv_transpose_backward_weights",
                    ((2, 5, 4, 4), (2, 10, 8, 6)),
-                   dict(strides=2, pads_begin=1, pads_end=1, output_padding=1),
-                   extra=((3, 3, 6, 4),)),
+                   dict(strides=2, pads_begin=1, pads_end=1, output_padding=1, groups=2),
+                   extra=((3, 3, 3, 4),)),
     ]
-    for case in cases:
-        arrays = suite._inputs(case)
+
+
+@pytest.mark.parametrize("peer", ["lax", "torch"])
+def test_bench_peers_compute_each_op(peer):
+    """Each peer computes the op it is timed against, on small cases of each kind of the
+    suite: its output, in its own layout, is polyconv's (numpy backend) in polyconv's."""
+    pytest.importorskip({"lax": "jax", "torch": "torch"}[peer])
+    from polyconv.benchmarks import harness, peers, suite
+
+    for case in _small_cases(suite):
+        plan = case.plan
+        arrays = harness.random_arrays(case.shapes, case.dtype)
         want = getattr(polyconv, case.op)(*arrays, *case.extra, backend="numpy", **case.attrs)
-        got = np.asarray(suite._lax(case, arrays)())
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case.name)
+        call = getattr(peers, peer)(plan, "forward", suite.operands(case, arrays), case.dtype)
+        if call is None:           # PyTorch has no asymmetric pads but in a forward
+            assert peer == "torch" and plan.pads_begin != plan.pads_end, case.name
+            continue
+        got = call()
+        if peer == "torch":
+            got = got[1] if isinstance(got, tuple) else got
+            got = got.numpy()
+            if plan.primitive == "backward_weights":   # canonical [Cb, Ca/G, K..]
+                want = np.transpose(want, plan.weights_perm)
+            else:                                      # NCX
+                got = np.moveaxis(got, 1, -1)
+        elif plan.primitive == "backward_weights":     # lax's [K.., I, O]
+            want = peers.lax_weights(plan, "forward", np.transpose(want, plan.weights_perm))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{peer}: {case.name}")
+
+
+@pytest.mark.parametrize("peer", ["lax", "torch"])
+def test_bench_peers_compute_each_layers_gradient(peer):
+    """In a corpus row's gradient mode each peer gives the cotangents of the layer's input
+    and weights: polyconv's two backward ops, for a Convolution and a grouped ConvTranspose
+    in both layouts."""
+    pytest.importorskip({"lax": "jax", "torch": "torch"}[peer])
+    from polyconv.benchmarks import corpus, peers
+    from polyconv.benchmarks.corpus_layers import _conv, _ct
+
+    layers = [_conv("m", "conv", (2, 9, 8), 4, 6, 3, 2, 1),
+              _conv("m", "conv NCX", (2, 9, 8), 4, 6, 3, 1, 1, groups=2, fmt="NCX"),
+              _ct("m", "convT", (2, 5, 4), 4, 6, 3, 2, 1, op=1, groups=2),
+              _ct("m", "convT NCX", (2, 5), 6, 4, 4, 2, 1, fmt="NCX")]
+    for layer in layers:
+        plan = layer.plan
+        x, w, g = corpus._inputs(layer)
+        want = corpus.polyconv_eager(layer, "gradient", (x, w, g))()
+        dx, dw = getattr(peers, peer)(plan, "gradient", (x, w, g), layer.dtype)()[:2]
+        dx, dw = np.asarray(dx), np.asarray(dw)
+        if peer == "torch":
+            dx = np.moveaxis(dx, 1, -1) if plan.channels_last else dx
+            want_w = np.transpose(want[1], plan.weights_perm)
+        else:
+            want_w = peers.lax_weights(plan, plan.primitive,
+                                       np.transpose(want[1], plan.weights_perm))
+        np.testing.assert_allclose(dx, want[0], rtol=1e-4, atol=1e-4, err_msg=layer.name)
+        np.testing.assert_allclose(dw, want_w, rtol=1e-4, atol=1e-4, err_msg=layer.name)

@@ -45,7 +45,8 @@ def test_function_size(path):
 # no import cycle inside a package
 # --------------------------------------------------------------------------------------------
 
-PACKAGES = sorted([ROOT / "polyconv", *(p for p in ROOT.glob("backends/*") if p.is_dir())])
+PACKAGES = sorted([ROOT / "polyconv", ROOT / "polyconv" / "benchmarks",
+                   *(p for p in ROOT.glob("backends/*") if p.is_dir())])
 
 
 def _imports(package: Path, path: Path) -> set[str]:
@@ -105,3 +106,55 @@ def test_no_import_cycle(package):
     graph = {p.stem: _imports(package, p) for p in package.glob("*.py")}
     cycle = _cycle(graph)
     assert cycle is None, f"{package.name}: import cycle {' -> '.join(cycle)}"
+
+
+# --------------------------------------------------------------------------------------------
+# the benchmarks ask through public names only
+# --------------------------------------------------------------------------------------------
+
+BENCHMARKS = sorted((ROOT / "polyconv" / "benchmarks").glob("*.py"))
+
+
+def _private_uses(tree: ast.AST) -> list[str]:
+    """Private names of polyconv or a backend that ``tree`` imports, reads as attributes or
+    names in a string (``sys.modules["polyconv._x"]``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0].startswith("polyconv") and (
+                    any(p.startswith("_") for p in parts)
+                    or any(a.name.startswith("_") for a in node.names)):
+                found.append(f"line {node.lineno}: from {node.module} import "
+                             + ", ".join(a.name for a in node.names))
+        elif isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith("polyconv")
+                      and any(p.startswith("_") for p in a.name.split("."))]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id.startswith("polyconv") and node.attr.startswith("_")
+              and not node.attr.endswith("__")):
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and any(word.split(".")[0].startswith("polyconv") and "._" in word
+                      for word in node.value.split())):
+            found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=_id)
+def test_benchmarks_use_public_names_only(path):
+    """Benchmark code (docs/architecture.md: why ``polyconv bench`` is in the wheel) asks the
+    library and its backends through public, documented interfaces only: what it needs of the
+    choice among implementations is ``polyconv.implementations``,
+    ``polyconv.default_implementation``, ``polyconv.chosen`` and ``polyconv.measured``."""
+    private = _private_uses(ast.parse(path.read_text(encoding="utf-8")))
+    assert not private, f"{_id(path)} uses private names: {private}"
+
+
+def test_the_private_names_check_sees_every_form():
+    code = ("from polyconv._choice import _CHOOSERS\nfrom polyconv_jax import _policy\n"
+            "import polyconv._compare\nx = polyconv._malloc\n"
+            "m = sys.modules.get('polyconv._malloc')\n"
+            "from polyconv import infer_shape\nimport polyconv.benchmarks\n")
+    assert len(_private_uses(ast.parse(code))) == 5

@@ -104,3 +104,21 @@ print(json.dumps({"shape": list(y.shape),
                   "loaded": sorted(m for m in sys.modules if m.split(".")[0] in heavy)}))
 """
     assert _run_fresh(script) == {"shape": [1, 1, 6, 6], "loaded": []}
+
+
+def test_the_library_imports_no_benchmark_code():
+    """``import polyconv``, a call, the command's parser and ``polyconv shape`` load nothing of
+    ``polyconv.benchmarks`` (docs/architecture.md: the benchmarks stay in the wheel because
+    they cost the library nothing)."""
+    script = """
+import contextlib, io, json, sys
+import numpy as np
+import polyconv
+from polyconv._cli import build_parser, main
+polyconv.conv_transpose(np.ones((1, 3, 3, 2), np.float32), np.ones((3, 3, 2, 2), np.float32))
+build_parser()
+with contextlib.redirect_stdout(io.StringIO()):
+    main(["shape", "ConvTranspose", "1,3,3,2", "3,3,2,2"])
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("polyconv.benchmarks"))))
+"""
+    assert _run_fresh(script) == []

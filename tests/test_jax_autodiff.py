@@ -138,7 +138,7 @@ def test_gradient_compiles_to_the_backward_ops_program(op, fmt, lowerings):
     """The gradient of Convolution and ConvTranspose is, instruction for instruction, the
     program of their two backward ops called by hand (the forward pass, unused, is dropped):
     the gradient costs what the backward ops cost, by construction rather than by timing."""
-    from polyconv.benchmarks.jax_vs_lax import compiled_instructions
+    from polyconv.benchmarks.harness import compiled_instructions
 
     grad, ops, args = _backward_ops(op, fmt, np.random.default_rng(6))
     with polyconv.implementation(",".join(f"jax:{p}={n}" for p, n in lowerings.items())):
@@ -153,7 +153,7 @@ def test_programs_are_compared_up_to_the_order_of_a_fusions_outputs():
     """On an H200, XLA compiled the folded Convolution gradient and its backward ops with one
     multi-output fusion's two outputs in swapped order (these lines, trimmed), every other
     instruction equal: one program for the comparison above. A changed type is still two."""
-    from polyconv.benchmarks.jax_vs_lax import compiled_instructions
+    from polyconv.benchmarks.harness import compiled_instructions
 
     class Compiled:     # what compiled_instructions reads of a jitted function
         def __init__(self, text):

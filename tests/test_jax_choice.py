@@ -525,6 +525,11 @@ def test_the_gpu_policy(plan, expected):
     primitives = ("forward", "backward_data", "backward_weights")
     assert tuple(_policy(p, plan, "gpu") for p in primitives) == expected
     assert all(_policy(p, plan, "tpu") == "direct" for p in primitives)
+    # the public question, asked from this CPU process for another platform
+    assert tuple(polyconv.default_implementation("jax", p, plan, platform="gpu")
+                 for p in primitives) == expected
+    assert all(polyconv.default_implementation("jax", p, plan, platform="tpu") == "direct"
+               for p in primitives)
 
 
 def test_no_candidate_that_xla_gpu_may_abort_compiling():
@@ -733,3 +738,35 @@ def test_the_cpu_policy(plan, expected):
     primitives = ("forward", "backward_data", "backward_weights")
     assert plan.macs >= rules.SMALL_MACS
     assert tuple(_policy(p, plan.with_(primitive=p), "cpu") for p in primitives) == expected
+    assert tuple(polyconv.default_implementation("jax", p, plan.with_(primitive=p),
+                                                 platform="cpu")
+                 for p in primitives) == expected
+
+
+def test_the_public_listing_is_the_backends_table_and_what_a_call_runs(caplog):
+    """``polyconv.implementations`` lists the lowerings of docs/architecture.md's glossary
+    (:data:`polyconv_jax.LOWERINGS`), those that apply to a plan being what forcing honours;
+    ``polyconv.default_implementation`` on this process's platform is what a jitted call of
+    the op gets with nothing forced or measured (the chooser's log says)."""
+    import logging
+
+    from polyconv_jax import LOWERINGS
+
+    plan = _plan()
+    x = jnp.ones(plan.b_shape, jnp.float32)
+    w = jnp.ones(plan.weights_shape, jnp.float32)
+    for primitive in ("forward", "backward_data", "backward_weights"):
+        assert polyconv.implementations("jax", primitive) == LOWERINGS[primitive]
+    applicable = polyconv.implementations("jax", "backward_data", plan)
+    assert set(applicable) < set(LOWERINGS["backward_data"]) and applicable[0] == "direct"
+    caplog.set_level(logging.DEBUG, logger="polyconv")
+    for name in LOWERINGS["backward_data"]:
+        caplog.clear()
+        with polyconv.implementation(f"jax:backward_data={name}"):
+            jax.jit(partial(polyconv.conv_transpose, **ATTRS)).lower(x, w)
+        honoured = any(f"-> {name} (forced)" in r.getMessage() for r in caplog.records)
+        assert honoured == (name in applicable), name
+    caplog.clear()
+    jax.jit(partial(polyconv.conv_transpose, **ATTRS)).lower(x, w)
+    pick = polyconv.default_implementation("jax", "backward_data", plan)
+    assert any(f"-> {pick} (default)" in r.getMessage() for r in caplog.records)

@@ -47,6 +47,7 @@ from . import (
     _space_to_depth,
     _subpixel,
     _taps,
+    _xla,
 )
 
 
@@ -109,7 +110,7 @@ MEASURE_TIE = 0.03
 
 CHOOSER = Chooser("jax", IMPLEMENTATIONS, policy=_policy.policy,
                   ties=((_policy.PLAIN, MEASURE_PLAIN_TIE), (None, MEASURE_TIE)),
-                  context=context)
+                  context=context, answering_for=_xla.answering_for)
 
 #: the lowerings' names per primitive, the plain one first
 LOWERINGS = {p: CHOOSER.names(p) for p in PRIMITIVES}

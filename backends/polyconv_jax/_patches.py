@@ -14,6 +14,7 @@ from polyconv import ConvPlan
 from polyconv._choice import Implementation
 
 from ._common import windows
+from ._xla import platform
 
 #: the im2col lowerings apply while their patches are at most this many times the larger
 #: data tensor
@@ -178,7 +179,7 @@ def applies(plan: ConvPlan) -> bool:
     """Ungrouped, patches that fit (:func:`patches_fit`), and never where XLA GPU may abort the
     process compiling them (:func:`patches_abort_xla_gpu`)."""
     return patches_fit(plan) and not (
-        patches_abort_xla_gpu(plan) and jax.default_backend() == "gpu")
+        patches_abort_xla_gpu(plan) and platform() == "gpu")
 
 
 FORWARD = Implementation("im2col", "forward", _forward_patches, applies=applies)

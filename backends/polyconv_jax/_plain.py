@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -15,7 +14,7 @@ from polyconv import ConvPlan
 from polyconv._choice import Implementation
 
 from ._common import read_pads
-from ._xla import _conv_general, _data_spec, _dnums, _regroup
+from ._xla import _conv_general, _data_spec, _dnums, _regroup, platform
 
 
 def _conv(plan: ConvPlan, precision, a, w):
@@ -141,7 +140,7 @@ def _weights_bands(plan: ConvPlan, precision, a, b):
 def direct_applies(plan: ConvPlan) -> bool:
     """backward_data's ``direct``: everywhere but where XLA CPU may abort the process compiling
     it (:func:`direct_aborts_xla_cpu`), not even when forced."""
-    return not (direct_aborts_xla_cpu(plan) and jax.default_backend() == "cpu")
+    return not (direct_aborts_xla_cpu(plan) and platform() == "cpu")
 
 
 def bands_apply(plan: ConvPlan) -> bool:

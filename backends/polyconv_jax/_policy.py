@@ -1,6 +1,6 @@
 """The default lowering of each primitive without measuring: rules set from measurements, one
 set per platform (docs/jax_lowerings.md has the measurements, docs/design_notes.md how the
-rules fare against the corpus records, ``polyconv.benchmarks.policy_check``). On the CPU the
+rules fare against the corpus records, ``polyconv bench --policy-check``). On the CPU the
 rules of :func:`choose_forward`, :func:`choose_backward_data` and
 :func:`choose_backward_weights` (2-core x86 hosts); on GPU :func:`gpu_policy` (an H100 and an
 H200); elsewhere (TPU, not measured) the plain lowering, which is what XLA's own convolution
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-import jax
 
 from polyconv import ConvPlan
 from polyconv._phases import phases as plan_phases
@@ -23,6 +21,7 @@ from ._grouped import splits_by_group, weights_apply
 from ._patches import patches_fit
 from ._plain import bands_apply
 from ._subpixel import subpixel_is_exact
+from ._xla import platform as current_platform
 
 #: each primitive's plain lowering (a hand-written ``lax`` call's)
 PLAIN = "direct"
@@ -282,7 +281,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
 
 
 #: the GPU policy's preferred lowering per primitive, for ungrouped plans (measured on an
-#: H100 over the real-model corpus: docs/benchmarks-gpu.json); the plain lowering otherwise
+#: H100 over the real-model corpus: docs/records/corpus-h100.json); the plain lowering otherwise
 GPU_PREFERRED = {"forward": "im2col", "backward_data": "matmul_overlap_add",
                  "backward_weights": "im2col"}
 
@@ -400,7 +399,7 @@ def policy(primitive: str, plan: ConvPlan, names: Sequence[str],
     """The default among the applicable ``names`` (the chooser's policy): the CPU rules on CPU
     (the plain lowering for :func:`small` plans), :func:`gpu_policy` on GPU, the plain lowering
     elsewhere; the first of ``names`` where a rule's pick does not apply."""
-    platform = platform or jax.default_backend()
+    platform = platform or current_platform()
     if platform == "cpu":
         name = PLAIN if small(plan, primitive) else CPU_RULES[primitive](plan)
     elif platform == "gpu":

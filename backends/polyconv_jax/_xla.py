@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -13,6 +16,31 @@ from jax import lax
 
 from polyconv import ConvPlan
 from polyconv._geometry import PRECISION_NAMES, check_precision
+
+# --------------------------------------------------------------------------------------------
+# the platform a lowering is chosen for
+# --------------------------------------------------------------------------------------------
+
+_ANSWERING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "polyconv_jax_platform", default=None)
+
+
+def platform() -> str:
+    """The platform whose rules say which lowerings apply and which is the default:
+    ``jax.default_backend()``'s, unless :func:`answering_for` names another."""
+    return _ANSWERING_FOR.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def answering_for(name: str) -> Iterator[None]:
+    """Applicability and the policy as on platform ``name`` (``polyconv.default_implementation``
+    for another machine's records); what is traced still compiles for this process's."""
+    token = _ANSWERING_FOR.set(name)
+    try:
+        yield
+    finally:
+        _ANSWERING_FOR.reset(token)
+
 
 # --------------------------------------------------------------------------------------------
 # precision (docs/numerics.md#accumulation: full precision unless the caller opts in)

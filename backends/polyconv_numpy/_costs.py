@@ -21,7 +21,7 @@ from polyconv._phases import phases
 
 # A copy's or an add's price depends on the length of the contiguous runs it moves (a numpy copy
 # or add pays a few ns per run besides its per-element cost); the constants come from one host
-# (docs/design_notes.md, numpy cost model), checked against the grid on docs/benchmarks.md.
+# (docs/design_notes.md, numpy cost model), checked against the grid on docs/design_notes.md.
 
 #: float32 matrix-product rate in GFLOP/s on one thread, [M = 8192, K] x [K, N], by K (rows)
 #: and N (columns) in powers of 4 from 1 to 4096

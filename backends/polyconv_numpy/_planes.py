@@ -28,7 +28,7 @@ float64 inputs), with the bias added before the one rounding to the output dtype
 
 Against the grid on CenterNet's NCX depthwise ConvTranspose k4 s2 (2-CPU x86-64, float32):
 its forward 27.6 -> 10.8 ms, its two backward ops 37.0 -> 8.8 and 38.4 -> 11.8 ms
-(docs/benchmarks.md, numpy strategies). The grid's einsums over channels-last copies stay
+(docs/design_notes.md, numpy strategies). The grid's einsums over channels-last copies stay
 ahead with many taps on small planes (a Conformer's 1-D k31): the cost model and the first
 call's measurement choose.
 """

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 import polyconv
-from polyconv._compare import numpy_dtype
 
 from .corpus import matching_layers
 from .corpus_layers import LAYERS, Layer
-from .suite import machine
+from .harness import log, machine, numpy_dtype, random_arrays, write_record
+from .peers import lax_function, lax_inputs
 
 PARTS = ("generator", "layers", "numpy", "grid", "corpus")
 PRIMITIVES = ("forward", "backward_data", "backward_weights")
@@ -101,9 +101,7 @@ class Call:
                                     **self.attrs).with_(dtype=self.dtype)
 
     def arrays(self) -> list[np.ndarray]:
-        rng = np.random.default_rng(0)
-        return [rng.standard_normal(s, dtype=np.float32).astype(numpy_dtype(self.dtype))
-                for s in self.shapes]
+        return random_arrays(self.shapes, self.dtype)
 
     def run(self, *arrays, **options):
         return getattr(polyconv, self.op)(*arrays, *self.static, **self.attrs, **options)
@@ -138,70 +136,6 @@ def grid_calls(tests: Path | None = None) -> list[Call]:
                  "float32" if c.dtype == "float64" else c.dtype, "grid") for c in found]
 
 
-def lax_weights(plan: polyconv.ConvPlan, primitive: str, w, xp=np):
-    """The user's weights (``plan.weights_format``) as the lax call of ``primitive`` takes
-    them: canonical ``[Cb, Ca/G, K..]``, for backward_data flipped with the group factor moved
-    to the other side (what ``lax.conv_transpose(transpose_kernel=True)`` does), then in
-    lax's order. ``xp=jnp`` does it inside the jitted call, as a user holding weights in that
-    layout would: XLA then compiles the same change of layout polyconv's program holds."""
-    wc = xp.transpose(w, plan.weights_perm)
-    if primitive == "backward_data":
-        g, d = plan.groups, plan.ndim
-        wc = wc.reshape(g, plan.b_channels // g, plan.a_channels // g, *plan.kernel)
-        wc = xp.swapaxes(wc, 1, 2).reshape(plan.a_channels, plan.b_channels // g, *plan.kernel)
-        wc = xp.flip(wc, tuple(range(2, 2 + d)))
-    return xp.moveaxis(wc, (0, 1), (-1, -2)) if plan.channels_last else wc
-
-
-def lax_call(plan: polyconv.ConvPlan, primitive: str):
-    """The hand-written ``lax.conv_general_dilated`` call of ``primitive`` on the arrays a
-    polyconv call gets (weights in the plan's layout): ``f(a, w)`` for forward, ``f(b, w)``
-    (lhs-dilated, as ``lax.conv_transpose`` emits it) for backward_data, ``f(a, b)``
-    (``jax.vjp`` of the forward, as ``jax.grad`` runs it, in the weights' layout) for
-    backward_weights."""
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
-    sp = "DHW"[-plan.ndim:]     # weights [K.., I, O] beside NXC data (Flax's), else [O, I, K..]
-    data, wspec = (f"N{sp}C", f"{sp}IO") if plan.channels_last else (f"NC{sp}", f"OI{sp}")
-    kw = dict(rhs_dilation=plan.dilations, dimension_numbers=(data, wspec, data),
-              feature_group_count=plan.groups, precision=lax.Precision.HIGHEST,
-              preferred_element_type=jnp.float32)
-    pads = list(zip(plan.pads_begin, plan.pads_end))
-
-    def forward(a, w):
-        w = lax_weights(plan, "forward", w, jnp)
-        return lax.conv_general_dilated(a, w, plan.strides, pads, **kw).astype(a.dtype)
-
-    if primitive == "forward":
-        return forward
-    if primitive == "backward_data":
-        t_pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in zip(
-            plan.effective_kernel, plan.pads_begin, plan.pads_end, plan.output_padding)]
-
-        def backward_data(b, w):
-            w = lax_weights(plan, "backward_data", w, jnp)
-            return lax.conv_general_dilated(b, w, (1,) * plan.ndim, t_pads,
-                                            lhs_dilation=plan.strides, **kw).astype(b.dtype)
-        return backward_data
-
-    def backward_weights(a, b):
-        return jax.vjp(lambda w: forward(a, w), jnp.zeros(plan.weights_shape, a.dtype))[1](b)[0]
-    return backward_weights
-
-
-def lax_inputs(plan: polyconv.ConvPlan, primitive: str, dtype: str) -> tuple:
-    """Random inputs of the lax call of ``primitive`` (see :func:`lax_call`)."""
-    import jax.numpy as jnp
-
-    rng = np.random.default_rng(0)
-    a, b, w = (rng.standard_normal(s, dtype=np.float32)
-               for s in (plan.a_shape, plan.b_shape, plan.weights_shape))
-    xs = {"forward": (a, w), "backward_data": (b, w), "backward_weights": (a, b)}[primitive]
-    return tuple(jnp.asarray(x.astype(numpy_dtype(dtype))) for x in xs)
-
-
 _CHOICE = re.compile(r"polyconv: (\S+) (forward|backward_data|backward_weights) .* -> (.+?) "
                      r"\((.*)\)$")
 
@@ -232,17 +166,12 @@ def choices_logged():
 def lowering(plan: polyconv.ConvPlan, primitive: str, seen=()) -> tuple[str, str]:
     """The JAX lowering ``plan``'s ``primitive`` got, and why: the first record of the
     chooser's log (an outer choice is logged before a per-group lowering's inner ones), else
-    (before the one chooser) what ``polyconv_jax._choice.choose`` says."""
+    the default pick (:func:`polyconv.default_implementation`: a call compiled before, whose
+    choice was not logged again)."""
     for backend, prim, name, why in seen:
         if backend == "jax" and prim == primitive:
             return name, why
-    try:
-        from polyconv_jax import canonical_precision
-        from polyconv_jax._choice import choose
-
-        return choose(primitive, plan, canonical_precision(plan.op, None)), "choose()"
-    except Exception as exc:    # private helpers: another version may lack or change them
-        return "?", f"{type(exc).__name__}: {exc}"
+    return polyconv.default_implementation("jax", primitive, plan), "default (not logged)"
 
 
 
@@ -268,7 +197,7 @@ def _jax_model(layers: tuple[Layer, ...], side: str):
             ops.append(Call(layer.title, layer.op, (), (), layer.attrs).run)
             w = rng.standard_normal(layer.weights, dtype=np.float32)
         else:
-            ops.append(lax_call(plan, plan.primitive))
+            ops.append(lax_function(plan, plan.primitive, user_weights=True))
             w = rng.standard_normal(plan.weights_shape, dtype=np.float32)
         params.append(jnp.asarray(w.astype(dt)))
     x = jnp.asarray(rng.standard_normal(layers[0].src, dtype=np.float32).astype(dt))
@@ -401,8 +330,8 @@ def compare_plan(call: Call, lax_first: bool) -> dict[str, Any]:
 
     plan = call.plan
     sides = [("polyconv", jax.jit(call.run), [jnp.asarray(a) for a in call.arrays()]),
-             ("lax", jax.jit(lax_call(plan, plan.primitive)),
-              lax_inputs(plan, plan.primitive, call.dtype))]
+             ("lax", jax.jit(lax_function(plan, plan.primitive, user_weights=True)),
+              lax_inputs(plan, plan.primitive, call.dtype, user_weights=True))]
     times, seen = {}, []
     for name, fn, args in (sides[::-1] if lax_first else sides):
         jax.clear_caches()
@@ -529,10 +458,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(name, None)
     os.environ.update(child_environment(args.measuring))
 
-    def log(msg: str) -> None:
-        sys.stderr.write(msg)
-        sys.stderr.flush()
-
     jax_titles = [t for t in titles if ("generator" in parts and t == GENERATOR)
                   or ("layers" in parts and t != GENERATOR)]
     results: dict[str, Any] = {"measuring": args.measuring, "targets": TARGETS,
@@ -544,8 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     results["worst"] = sorted((r for r in results["plans"] if r.get("ratio", 0)
                                > TARGETS["plans"]), key=lambda r: -r["ratio"])
     results["machine"] = machine()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    write_record(args.json, results)
     print(format_table(results))
     return 0
 

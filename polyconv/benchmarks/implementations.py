@@ -1,11 +1,11 @@
 """Every implementation of every backend, forced in turn, on every corpus layer.
 
 For each layer of the corpus (:mod:`polyconv.benchmarks.corpus_layers`) and each of its three
-primitives (the layer's op, and the two its gradient runs), each implementation the backend's
-chooser finds applicable is forced (:func:`polyconv.implementation`) and timed: the fastest of
-a few calls after the first (JAX: jitted; the first call, compilation included, is recorded
-too), taken in rounds over the implementations. The record answers two questions of the
-choice among implementations:
+primitives (the layer's op, and the two its gradient runs), each implementation that applies
+(:func:`polyconv.implementations`) is forced (:func:`polyconv.implementation`) and timed:
+the fastest of a few calls after the first (JAX: jitted; the first call, compilation
+included, is recorded too), taken in rounds over the implementations. The record answers two
+questions of the choice among implementations:
 
 - **does the default pick hold up?** the default's time against the fastest implementation's,
   per row, with the geometric mean and the worst rows;
@@ -29,14 +29,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import polyconv
-from polyconv._compare import numpy_dtype
 
 from .corpus import matching_layers
 from .corpus_layers import LAYERS
-from .suite import machine
+from .harness import machine, random_arrays, write_record
 
 PRIMITIVES = ("forward", "backward_data", "backward_weights")
 #: a win: the fastest implementation takes less than the next one by this factor
@@ -48,9 +45,7 @@ SLOW_S = 1.0
 
 
 def _operands(plan: polyconv.ConvPlan, primitive: str, dtype: str, backend: str):
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(s, dtype=np.float32).astype(numpy_dtype(dtype))
-              for s in plan.operand_shapes(primitive)]
+    arrays = random_arrays(plan.operand_shapes(primitive), dtype)
     if backend == "jax":
         import jax.numpy as jnp
 
@@ -89,11 +84,7 @@ def _rounds(calls: dict[str, Any], force, first: dict[str, float]) -> dict[str, 
 
 def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
     """One layer's rows on one backend: per primitive, every applicable implementation."""
-    from polyconv._choice import _CHOOSERS
-
     layer = LAYERS[index]
-    polyconv.get_backend(backend)
-    chooser = _CHOOSERS[backend]
     rows = []
     for primitive in PRIMITIVES:
         plan = layer.plan.with_(primitive=primitive, dtype=layer.dtype)
@@ -103,7 +94,7 @@ def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
         def force(name: str, primitive: str = primitive):
             return polyconv.implementation(f"{backend}:{primitive}={name}")
 
-        for name in chooser.applicable(primitive, plan):
+        for name in polyconv.implementations(backend, primitive, plan):
             try:
                 call = _runner(backend, primitive, plan, arrays)
                 with force(name):
@@ -116,14 +107,15 @@ def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
                 sys.stderr.write(f"{layer.title} {primitive} {name}: {exc!r:.200}\n")
         best = {**first, **_rounds(calls, force, first)}
         rows.append({"layer": layer.title, "backend": backend, "primitive": primitive,
-                     "dtype": layer.dtype, "default": chooser.default(primitive, plan),
+                     "dtype": layer.dtype,
+                     "default": polyconv.default_implementation(backend, primitive, plan),
                      "seconds": best, "first_call_s": first})
     return rows
 
 
 def _child(index: int, backend: str, timeout: float) -> list[dict[str, Any]]:
-    cmd = [sys.executable, "-m", "polyconv.benchmarks.implementations", "--one", str(index),
-           "--backends", backend]
+    cmd = [sys.executable, "-m", "polyconv.benchmarks", "--implementations", "--one",
+           str(index), "--backends", backend]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -213,9 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         for backend in backends:
             sys.stderr.write(f"{layer.title} on {backend}\n")
             rows += _child(index, backend, args.timeout)
-            record = {"machine": machine(), "rows": rows, "summary": summarize(rows)}
-            if args.json:
-                args.json.write_text(json.dumps(record, indent=1, default=str))
+            write_record(args.json, {"machine": machine(), "rows": rows,
+                                     "summary": summarize(rows)})
     print(format_summary(summarize(rows)))
     return 0
 

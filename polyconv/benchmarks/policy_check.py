@@ -6,9 +6,10 @@ implementation ran on each layer of the corpus on one machine. This report asks 
 chooser what its default pick is for each of those plans, on the record's platform, and prints
 the pick's recorded time against the fastest recorded: the geometric mean over the rows, and
 the worst rows. It validates the cost model or policy on every machine kind a record exists
-for, without that machine.
+for, without that machine (:func:`polyconv.default_implementation` answers for the record's
+platform).
 
-Run with ``python -m polyconv.benchmarks.policy_check docs/benchmarks-corpus.json ...``.
+Run with ``polyconv bench --policy-check docs/records/corpus-*.json``.
 """
 
 from __future__ import annotations
@@ -68,10 +69,6 @@ def _times(row: dict[str, Any], backend: str) -> dict[str, dict[str, float]]:
 def check(paths: list[Path], backend: str) -> list[dict[str, Any]]:
     """One entry per (record row, primitive): the default pick, its time against the
     fastest recorded."""
-    from polyconv._choice import _CHOOSERS
-
-    polyconv.get_backend(backend)
-    chooser = _CHOOSERS[backend]
     layers = {ly.title: ly for ly in LAYERS}
     out, seen = [], set()
     for path in paths:
@@ -86,22 +83,14 @@ def check(paths: list[Path], backend: str) -> list[dict[str, Any]]:
                     continue
                 seen.add(key)
                 plan = layer.plan.with_(primitive=primitive, dtype=row.get("dtype", "float32"))
-                pick = _pick(chooser, backend, primitive, plan, platform)
+                pick = polyconv.default_implementation(backend, primitive, plan,
+                                                       platform=platform)
                 fastest = min(times, key=times.__getitem__)
                 ratio = times[pick] / times[fastest] if pick in times else None
                 out.append({"record": path.name, "platform": platform, "layer": row["layer"],
                             "primitive": primitive, "pick": pick, "fastest": fastest,
                             "ratio": ratio})
     return out
-
-
-def _pick(chooser, backend: str, primitive: str, plan: polyconv.ConvPlan, platform: str) -> str:
-    names = chooser.applicable(primitive, plan)
-    if backend == "jax":
-        from polyconv_jax import _policy
-
-        return _policy.policy(primitive, plan, names, platform)
-    return chooser.default(primitive, plan, names)
 
 
 def report(entries: list[dict[str, Any]]) -> str:
@@ -124,7 +113,7 @@ def report(entries: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyconv.benchmarks.policy_check",
+    parser = argparse.ArgumentParser(prog="polyconv bench --policy-check",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("records", nargs="+", type=Path)
     parser.add_argument("--backend", default="jax")

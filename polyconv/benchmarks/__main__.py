@@ -1,0 +1,7 @@
+"""``python -m polyconv.benchmarks [FLAG] [options]``: the same as ``polyconv bench``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
