@@ -3,7 +3,8 @@ attributes and get that framework's answer (docs/frameworks.md).
 
 One module per framework, each imported on first use and importing no framework itself:
 :mod:`~polyconv.dialects.onnx`, :mod:`~polyconv.dialects.torch`,
-:mod:`~polyconv.dialects.keras`, :mod:`~polyconv.dialects.jax`,
+:mod:`~polyconv.dialects.keras`, :mod:`~polyconv.dialects.tensorflow`,
+:mod:`~polyconv.dialects.jax`,
 :mod:`~polyconv.dialects.openvino` and :mod:`~polyconv.dialects.onednn` (oneDNN's
 primitive API and benchmark descriptors). Each translates onto the one contract
 (docs/semantics.md) and says, with a ``ValueError``, where a framework's rule has no
@@ -12,7 +13,7 @@ polyconv equivalent.
 
 from __future__ import annotations
 
-DIALECTS = ("onnx", "torch", "keras", "jax", "openvino", "onednn")
+DIALECTS = ("onnx", "torch", "keras", "tensorflow", "jax", "openvino", "onednn")
 
 
 def __getattr__(name: str):
