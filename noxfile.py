@@ -69,16 +69,20 @@ def tests(session: nox.Session, backend: str) -> None:
 #: the tests that meet other frameworks' own runtimes (tests/conftest.py routes them to the
 #: ``frameworks`` group): the dialects and the weight converter; the layers' tests join here
 FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py", "tests/test_layers_*.py"]
-#: what they run against; Keras 3 on its JAX backend stands for TensorFlow/Keras (TensorFlow
-#: itself is not installed: too large for the matrix)
-FRAMEWORK_DEPS = [".[jax,onnx,openvino,flax,equinox,keras]", "optax"]
+#: what they run against: TensorFlow's CPU wheel (about 20 s to install from a warm cache,
+#: its tests about 5 s) meets tests/test_dialect_tensorflow.py; the other Keras tests run on
+#: Keras's JAX backend
+FRAMEWORK_DEPS = [".[jax,onnx,openvino,flax,equinox,keras]", "optax",
+                  "tensorflow-cpu; sys_platform != 'darwin'",
+                  "tensorflow; sys_platform == 'darwin'"]
 
 
 @nox.session
 def frameworks(session: nox.Session) -> None:
     """The dialects, the weight converter and the layers against each framework's own
-    runtime: onnxruntime and the ONNX reference, OpenVINO, PyTorch (CPU), Keras (JAX
-    backend), Flax and ``lax``."""
+    runtime: onnxruntime and the ONNX reference, OpenVINO, PyTorch (CPU), TensorFlow, Keras
+    (JAX backend, and its TensorFlow backend for the Keras dialect), Flax, ``lax`` and
+    oneDNN's published benchdnn cases."""
     import pathlib
 
     session.install(*FRAMEWORK_DEPS, *TEST_DEPS)
@@ -86,6 +90,8 @@ def frameworks(session: nox.Session) -> None:
     files = sorted({str(p) for pattern in FRAMEWORK_TESTS for p in pathlib.Path().glob(pattern)})
     session.run("pytest", "-n", "2", *files, *session.posargs,
                 env={"POLYCONV_TEST_BACKENDS": "frameworks", "KERAS_BACKEND": "jax"})
+    session.run("pytest", "tests/test_dialect_tensorflow.py", "-k", "keras", *session.posargs,
+                env={"POLYCONV_TEST_BACKENDS": "frameworks", "KERAS_BACKEND": "tensorflow"})
 
 
 @nox.session

@@ -53,6 +53,8 @@ FRAMEWORK_LAYOUTS: dict[str, dict[str, _Layout]] = {
                          "conv_transpose": _T("XIO", flip=True, swap=True)},
     "openvino": {"convolution": _T("OIX"), "conv_transpose": _T("IOX")},
     "openvino-group": {"convolution": _T("GOIX"), "conv_transpose": _T("GIOX")},
+    "onednn": {"convolution": _T("OIX"), "conv_transpose": _T("OIX")},
+    "onednn-group": {"convolution": _T("GOIX"), "conv_transpose": _T("GOIX")},
 }
 _NAME_ALIASES = {"pytorch": "torch", "tf": "tensorflow", "jax": "lax"}
 
@@ -70,6 +72,8 @@ FRAMEWORK_OPS = {
                          "ConvTranspose: with lhs_dilation=strides"),
     "openvino": "OpenVINO Convolution / ConvolutionBackpropData filters",
     "openvino-group": "OpenVINO GroupConvolution / GroupConvolutionBackpropData filters",
+    "onednn": "oneDNN convolution / deconvolution weights (oihw: deconvolution's o is its dst)",
+    "onednn-group": "oneDNN grouped convolution / deconvolution weights (goihw)",
 }
 
 
@@ -242,6 +246,10 @@ def convert_weights(weights: Any, src: str, dst: str, *, family: str,
         ``openvino``              ``OIX``                             ``IOX``
         ``openvino-group``        ``[G, OC/G, IC/G, K..]``            ``[G, IC/G, OC/G,
                                                                       K..]``
+        ``onednn``                ``OIX``                             ``OIX``: ``[OC, IC,
+                                                                      K..]``
+        ``onednn-group``          ``[G, OC/G, IC/G, K..]``            ``[G, OC/G, IC/G,
+                                                                      K..]``
         ========================= =================================== ==================
 
         ``flax``/``lax`` ConvTranspose is the kernel of ``lax.conv_transpose`` (and Flax's
@@ -254,7 +262,8 @@ def convert_weights(weights: Any, src: str, dst: str, *, family: str,
         Which op's weights (``"conv"``, ``"ConvTranspose"``, ``"deconvolution"`` are
         accepted too).
     groups : int, optional
-        The op's groups, needed to write a layout with a group axis (``openvino-group``) or
+        The op's groups, needed to write a layout with a group axis (``openvino-group``,
+        ``onednn-group``) or
         the regrouped ``lax-lhs-dilation`` form of a grouped ConvTranspose; read from the
         shape when ``src`` has a group axis. Default 1.
 
@@ -291,3 +300,17 @@ def convert_weights(weights: Any, src: str, dst: str, *, family: str,
     dst_layout = _layout("dst", dst, fam, rank - 2 - ("G" in src_layout.axes))
     canonical, read = _to_canonical(xp, w, src_layout, fam, given)
     return _from_canonical(xp, canonical, dst_layout, fam, read or 1)
+
+
+def convert_axes(weights: Any, src: str, dst: str, *, family: str,
+                 groups: int | None = None) -> Any:
+    """:func:`convert_weights` between any two axis orders of ``G`` (optional), ``O``, ``I``
+    and ``X`` (the spatial axes, together, in order), as oneDNN's format tags (``gohwi``,
+    ``hwigo``) name them; for the dialects, which read such tags."""
+    fam = _family(family)
+    w = _unwrap(weights)
+    from array_api_compat import array_namespace
+
+    canonical, read = _to_canonical(array_namespace(w), w, _Layout(src), fam, groups)
+    return _from_canonical(array_namespace(w), canonical, _Layout(dst), fam,
+                           read or groups or 1)

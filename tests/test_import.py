@@ -96,10 +96,13 @@ def test_the_dialects_import_no_framework():
     script = """
 import json, sys
 import numpy as np
-from polyconv.dialects import jax, keras, onnx, openvino, torch
+from polyconv.dialects import jax, keras, onednn, onnx, openvino, tensorflow, torch
 y = onnx.conv_transpose(np.ones((1, 2, 3, 3), np.float32), np.ones((2, 1, 3, 3), np.float32),
                         auto_pad="SAME_UPPER", strides=[2, 2], output_padding=[1, 1])
-heavy = ("jax", "jaxlib", "torch", "onnx", "onnxruntime", "keras", "flax", "openvino")
+onednn.parse_descriptor("g2mb1ic4ih6oc8kh3ph1").call("BWD_W")
+tensorflow.conv2d_transpose(np.ones((1, 2, 2, 1)), np.ones((3, 3, 1, 1)), [1, 4, 4, 1], 2)
+heavy = ("jax", "jaxlib", "torch", "onnx", "onnxruntime", "keras", "flax", "openvino",
+         "tensorflow")
 print(json.dumps({"shape": list(y.shape),
                   "loaded": sorted(m for m in sys.modules if m.split(".")[0] in heavy)}))
 """

@@ -633,6 +633,27 @@ def test_depthwise_windows_match_the_oracle(dtype, spatial, kernel, attrs, block
         assert_within_bound(got, ref.y, ref.abs_sum, ref.n, dtype)
 
 
+def test_depthwise_windows_with_more_channels_than_a_tile(monkeypatch):
+    # oneDNN's xception:conv4_1 (1536 channels > the 1024 values of a run) broke the choice
+    # of the run; with 4 values a run, 6 channels are past it: runs of one position each
+    from polyconv_numpy import _window
+
+    monkeypatch.setattr(_window, "_TILE_VALUES", 4)
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((1, 5, 6, 6)), rng.standard_normal((3, 3, 1, 6))
+    attrs = dict(groups=6, pads_begin=1, pads_end=1, data_format="NXC", weights_format="XIO")
+    g = rng.standard_normal((1, 5, 6, 6))
+    with _forcing("window"):
+        got = [polyconv.convolution(x, w, **attrs),
+               polyconv.convolution_backward_data(g, w, x.shape, **attrs),
+               polyconv.convolution_backward_weights(x, g, w.shape, **attrs)]
+    refs = [reference("convolution", x, w, **attrs),
+            reference("convolution_backward_data", g, w, dst_shape=x.shape, **attrs),
+            reference("convolution_backward_weights", x, g, weights_shape=w.shape, **attrs)]
+    for y, ref in zip(got, refs):
+        assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float64")
+
+
 @pytest.mark.parametrize("op", ["convolution", "convolution_backward_weights"])
 @pytest.mark.parametrize(("spatial", "kernel", "attrs"), [
     ((13, 11), (3, 3), dict(strides=1, pads_begin=1, pads_end=1)),

@@ -77,8 +77,8 @@ class _Windows:
         plan, last = self.plan, self.plan.b_spatial[-1]
         if plan.ndim < 2 or plan.strides[-1] != 1:
             return 1
-        return max(r for r in range(1, max(last, 1) + 1)
-                   if last % r == 0 and r * plan.a_channels <= _TILE_VALUES)
+        return max((r for r in range(1, max(last, 1) + 1)
+                    if last % r == 0 and r * plan.a_channels <= _TILE_VALUES), default=1)
 
     def windows(self, buf: np.ndarray, n: int, y0: int, y1: int, r: int = 1) -> np.ndarray:
         """The taps' windows for lines ``y0:y1`` of image ``n`` of ``b``: ``[lines, B.., K..,

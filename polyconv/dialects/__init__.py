@@ -3,15 +3,17 @@ attributes and get that framework's answer (docs/frameworks.md).
 
 One module per framework, each imported on first use and importing no framework itself:
 :mod:`~polyconv.dialects.onnx`, :mod:`~polyconv.dialects.torch`,
-:mod:`~polyconv.dialects.keras`, :mod:`~polyconv.dialects.jax` and
-:mod:`~polyconv.dialects.openvino`. Each translates onto the one contract
+:mod:`~polyconv.dialects.keras`, :mod:`~polyconv.dialects.tensorflow`,
+:mod:`~polyconv.dialects.jax`,
+:mod:`~polyconv.dialects.openvino` and :mod:`~polyconv.dialects.onednn` (oneDNN's
+primitive API and benchmark descriptors). Each translates onto the one contract
 (docs/semantics.md) and says, with a ``ValueError``, where a framework's rule has no
 polyconv equivalent.
 """
 
 from __future__ import annotations
 
-DIALECTS = ("onnx", "torch", "keras", "jax", "openvino")
+DIALECTS = ("onnx", "torch", "keras", "tensorflow", "jax", "openvino", "onednn")
 
 
 def __getattr__(name: str):
