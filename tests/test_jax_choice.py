@@ -770,3 +770,18 @@ def test_the_public_listing_is_the_backends_table_and_what_a_call_runs(caplog):
     jax.jit(partial(polyconv.conv_transpose, **ATTRS)).lower(x, w)
     pick = polyconv.default_implementation("jax", "backward_data", plan)
     assert any(f"-> {pick} (default)" in r.getMessage() for r in caplog.records)
+
+
+def test_strided_channels_first_forward_of_narrow_patches_takes_one_product():
+    """A strided channels-first forward whose patches make a narrow matrix (wav2vec 2.0's
+    1->512 k10 s5 feature encoder) is one product over them, which reads channels-first data
+    as it lies (6.6x faster than space-to-depth on a 2-CPU Xeon); channels-last, or with wide
+    patches (a U-Net's k2 s2 over 256 channels), it stays space-to-depth."""
+    wav2vec = polyconv.infer_shape("Convolution", (2, 1, 16000), (512, 1, 10), strides=5,
+                                   data_format="NCX", weights_format="OIX")
+    assert _policy("forward", wav2vec) == "im2col"
+    last = polyconv.infer_shape("Convolution", (2, 16000, 1), (10, 1, 512), strides=5)
+    assert _policy("forward", last) == "space_to_depth"
+    wide = polyconv.infer_shape("Convolution", (4, 256, 64, 64), (128, 256, 2, 2), strides=2,
+                                data_format="NCX", weights_format="OIX")
+    assert _policy("forward", wide) == "space_to_depth"
