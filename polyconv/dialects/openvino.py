@@ -12,8 +12,10 @@ output_padding``); with ``output_shape`` the total ``s*(X-1) + ek + output_paddi
 output_shape`` is split with the odd element at the *beginning* for ``same_upper`` (the
 opposite of ONNX's and polyconv's ``same_upper``, as the spec's pseudo-code says), a negative
 total adds every position at the end and ``valid`` crops nothing at the beginning;
-``explicit`` pads with ``output_shape`` are refused (the runtime's choice there was not
-pinned down). Nothing here imports openvino.
+``explicit`` pads with ``output_shape`` crop ``pads_begin`` at the beginning and take
+``output_shape`` as the size, ignoring ``pads_end`` and ``output_padding`` (except a 1x1,
+stride-1 op whose ``output_shape`` is the data's size: the runtime crops nothing there).
+Nothing here imports openvino.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ def _backprop_crops(who, mode, x_spatial, strides, eks, pads_begin, pads_end, op
             return pads_begin, [e - o for e, o in zip(pads_end, opad)]
         return [0] * len(full), [-o for o in opad]
     if mode == "explicit":
-        msg = (f"{who}: explicit pads with output_shape: OpenVINO's CPU runtime neither keeps "
-               f"pads_begin nor splits the total consistently here (checked against it), so "
-               f"polyconv does not guess; pass auto_pad='same_upper', 'same_lower' or "
-               f"'valid' with output_shape, or the pads without output_shape")
-        raise ValueError(msg)
+        one_by_one = (all(ek == 1 for ek in eks) and all(st == 1 for st in strides)
+                      and list(out) == list(x_spatial))
+        # The CPU runtime keeps pads_begin (as OpenVINO's shape inference does) except in a
+        # 1x1, stride-1 op whose output_shape is the data's size (checked against it).
+        begin = [0] * len(full) if one_by_one else list(pads_begin)
+        return begin, [f - b - a for f, b, a in zip(full, begin, out)]
     begin = []
     for f, o, a in zip(full, opad, out):
         total = f + o - a
@@ -102,6 +105,9 @@ def keywords(op: str, x_shape: Sequence[int], w_shape: Sequence[int], *, strides
                            begin, end, opad, output_shape)
     why = (f"auto_pad={mode!r}, pads_begin={list(begin)}, pads_end={list(end)}, "
            f"output_padding={list(opad)}, output_shape={output_shape}")
+    if mode == "explicit" and output_shape is not None:
+        why += (" (OpenVINO ignores pads_end and output_padding with output_shape; a smaller "
+                "output_shape fits)")
     return {**out, "weights_format": "IOX", **crops(who, b, e, strides, why)}
 
 
