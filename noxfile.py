@@ -67,8 +67,8 @@ def tests(session: nox.Session, backend: str) -> None:
 
 
 #: the tests that meet other frameworks' own runtimes (tests/conftest.py routes them to the
-#: ``frameworks`` group): the dialects, the weight converter, the peers of ``compare --peers``;
-#: the layers' tests join here
+#: ``frameworks`` group): the dialects, the weight converter, the peers of ``compare --peers``
+#: and the exported cases; the layers' tests join here
 FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py", "tests/test_layers_*.py",
                    "tests/test_peers.py"]
 #: what they run against: TensorFlow's CPU wheel (about 20 s to install from a warm cache,

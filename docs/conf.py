@@ -78,6 +78,10 @@ def _generate(app) -> None:
     for action in parser._subparsers._group_actions:  # the subcommands, in order
         for name, sub in action.choices.items():
             helps[f"polyconv-{name}"] = sub.format_help()
+    # `polyconv cases` has one action so far, `export`, whose options are what to show
+    cases = parser._subparsers._group_actions[0].choices["cases"]
+    helps["polyconv-cases-export"] = cases._subparsers._group_actions[0].choices[
+        "export"].format_help()
     # `polyconv bench` passes its arguments on to the suite's own parser
     from polyconv.benchmarks.suite import build_parser as bench_parser
 

@@ -1,11 +1,13 @@
 """The peers of ``polyconv compare --peers`` (other frameworks' own operators) checked where
 each peer is known right: ONNX's published node tests of Conv and ConvTranspose (expected
 outputs computed by ONNX, not polyconv) through each peer's translation, the grid in float32
-against the float64 reference, and the ONNX reference's known failures reported as findings."""
+against the float64 reference, the ONNX reference's known failures reported as findings, and
+the exported ONNX cases run by onnxruntime."""
 
 from __future__ import annotations
 
 import functools
+import json
 import warnings
 
 import numpy as np
@@ -14,6 +16,7 @@ from conftest import only_with_target
 
 import polyconv
 from polyconv._cli import main
+from polyconv._cli_cases import export_cases
 from polyconv._cli_compare import _make_inputs, _suite_jobs
 from polyconv._peers import PEER_OPS, PEERS, CannotExpress, peer_operands
 from polyconv.dialects import onnx as dialect
@@ -119,6 +122,45 @@ def test_cannot_express_names_the_attribute():
                        ("torch", "pads_begin/pads_end/output_padding"), ("lax", "groups")}
 
 
+def test_exported_onnx_cases_check_load_and_run_under_onnxruntime(tmp_path):
+    import onnxruntime as ort
+
+    written, skipped = export_cases(tmp_path, "onnx", ("float32", "float16", "bfloat16"))
+    assert len(written) == 26 and len(skipped) == 13
+    assert all("bfloat16" in name for name, _ in skipped)
+    for path in written:
+        model = onnx.load(str(path / "model.onnx"))
+        onnx.checker.check_model(model, full_check=True)
+        data = path / "test_data_set_0"
+        feeds = {i.name: numpy_helper.to_array(onnx.load_tensor(str(data / f"input_{k}.pb")))
+                 for k, i in enumerate(model.graph.input)}
+        want = numpy_helper.to_array(onnx.load_tensor(str(data / "output_0.pb")))
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        got = session.run(None, feeds)[0]
+        assert got.shape == want.shape and got.dtype == want.dtype, path.name
+        tol = 1e-5 if want.dtype == np.float32 else 2e-2
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=path.name)
+
+
+def test_exported_outputs_are_the_float64_reference(tmp_path):
+    """The stored output is the independent oracle's value, rounded once to the dtype."""
+    from oracle import reference
+
+    written, _ = export_cases(tmp_path, "npz")
+    assert len(written) == 13
+    for path in written:
+        with np.load(path) as f:
+            attrs = json.loads(str(f["attributes"]))
+            op = attrs.pop("op")
+            for key in ("label", "dtype"):
+                attrs.pop(key)
+            attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+            want = reference(op, f["src"], f["weights"], f["bias"], **attrs).y
+            np.testing.assert_allclose(f["reference"], want, rtol=1e-12, atol=1e-12,
+                                       err_msg=path.name)
+
+
 def test_cli_peers_report_findings_with_exit_status_0(capsys):
     status = main(["compare", "--peers", "all", "--backends", "numpy", "--dtypes", "float32",
                    "--op", "ConvTranspose", "-q"])
@@ -127,3 +169,12 @@ def test_cli_peers_report_findings_with_exit_status_0(capsys):
     assert "onnx-reference, ConvTranspose 2d grouped, asymmetric pads, output_padding " \
            "float32: raises: ValueError" in out
     assert "lax cannot express groups" in out
+
+
+def test_cli_cases_export_writes_every_case(tmp_path, capsys):
+    assert main(["cases", "export", "--format", "npz", "--dtypes", "float32,bfloat16",
+                 str(tmp_path)]) == 0
+    assert len(list(tmp_path.glob("test_polyconv_*.npz"))) == 26
+    with np.load(next(tmp_path.glob("*_bfloat16.npz"))) as f:   # exact values, in float64
+        assert f["src"].dtype == np.float64
+    assert "wrote 26 Convolution and ConvTranspose cases (npz)" in capsys.readouterr().out
