@@ -1,7 +1,7 @@
 """Other frameworks' own convolutions ("peers"), called with a polyconv call's meaning.
 
-``polyconv compare --peers`` asks whether PyTorch, onnxruntime, the ONNX reference and
-``lax`` compute what polyconv's contract says for one call. Each peer translates a resolved
+``polyconv compare --peers`` asks whether PyTorch, onnxruntime, the ONNX reference, ``lax``
+and OpenVINO compute what polyconv's contract says for one call. Each peer translates a resolved
 :class:`~polyconv.ConvPlan` (pads, strides, dilations, groups, output_padding already
 resolved) into its framework's own call, once, here; where the framework has no way to say
 the call it raises :class:`CannotExpress` naming the attribute. A peer imports its framework
@@ -246,12 +246,43 @@ def _lax(plan, x, w, bias):
     return np.asarray(y).astype(np.float64)
 
 
+def _openvino(plan, x, w, bias):
+    import openvino as ov
+    import openvino.opset15 as ops
+
+    if str(x.dtype) not in ("float32", "float16"):
+        raise CannotExpress("dtype", f"{x.dtype}: this peer feeds OpenVINO numpy float16 and "
+                                     "float32 arrays only")
+    if any(p < 0 for p in (*plan.pads_begin, *plan.pads_end)):
+        raise CannotExpress("pads_begin/pads_end", f"negative pads {plan.pads_begin}/"
+                                                   f"{plan.pads_end}: OpenVINO's are >= 0")
+    g = plan.groups
+    param = ops.parameter(list(x.shape), x.dtype)
+    kw = {"strides": list(plan.strides), "pads_begin": list(plan.pads_begin),
+          "pads_end": list(plan.pads_end), "dilations": list(plan.dilations)}
+    if g > 1:   # OpenVINO's group filters: [G, Cb/G, Ca/G, K..] for both directions
+        w = w.reshape(g, plan.b_channels // g, plan.a_channels // g, *plan.kernel)
+    if _transposed(plan):
+        op = ops.group_convolution_backprop_data if g > 1 else ops.convolution_backprop_data
+        node = op(param, ops.constant(w), output_padding=list(plan.output_padding), **kw)
+    else:
+        op = ops.group_convolution if g > 1 else ops.convolution
+        node = op(param, ops.constant(w), **kw)
+    if bias is not None:
+        node = ops.add(node, ops.constant(bias.reshape((1, -1) + (1,) * plan.ndim)))
+    # f32 inference precision: OpenVINO may otherwise compute in bf16 on CPUs that have it
+    compiled = ov.compile_model(ov.Model([node], [param]), "CPU",
+                                {"INFERENCE_PRECISION_HINT": "f32"})
+    return compiled(x)[0]
+
+
 #: Every built-in peer, in report order.
 PEERS: tuple[Peer, ...] = (
     Peer("torch", _torch, ("torch",), "pip install torch"),
     Peer("onnxruntime", _onnxruntime, ("onnx", "onnxruntime"), "pip install onnx onnxruntime"),
     Peer("onnx-reference", _onnx_reference, ("onnx",), "pip install onnx"),
     Peer("lax", _lax, ("jax",), "pip install jax"),
+    Peer("openvino", _openvino, ("openvino",), "pip install openvino"),
 )
 
 

@@ -67,8 +67,10 @@ _CANNOT = {"torch": {"test_conv_with_autopad_same", "test_convtranspose_autopad_
            "lax": {"test_convtranspose_group_2", "test_convtranspose_group_2_image_3"}}
 
 
-@pytest.mark.parametrize("peer", ["torch", "onnxruntime", "onnx-reference", "lax"])
+@pytest.mark.parametrize("peer", ["torch", "onnxruntime", "onnx-reference", "lax", "openvino"])
 def test_each_peer_matches_onnx_published_node_tests(peer):
+    if not BY_NAME[peer].available:
+        pytest.skip(f"{peer} is not installed ({BY_NAME[peer].install})")
     ran, cannot = [], set()
     for case in _node_cases():
         plan, arrays, want = _node_call(case)
