@@ -362,6 +362,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         jobs = _suite_jobs(ops, bias=not args.no_bias)
 
     peers, absent_peers = peer_names(args.peers)
+    args.peer_versions = {p.name: p.version for p in peers}
     peers = [p.name for p in peers]
     total = len(jobs) * len(args.dtypes)
     progress = _Progress(total, enabled=not args.quiet)
@@ -424,8 +425,8 @@ def _peer_report(comparisons: list[Comparison], peers: Sequence[str],
                 if r.status == "cannot express":   # one line per peer and attribute
                     cannot.setdefault((r.peer, r.detail.split(":")[0]), []).append(r.detail)
                 elif r.status != "agrees":
-                    findings.append(f"  {r.peer}, {display_name(c.op)} {c.label} {c.dtype}: "
-                                    f"{r}")
+                    case = " ".join(filter(None, (display_name(c.op), c.label, c.dtype)))
+                    findings.append(f"  {r.peer}, {case}: {r}")
         findings += [f"  {peer} cannot express {attribute} ({len(details)} cases), e.g. "
                      f"{details[0].split(': ', 1)[1]}"
                      for (peer, attribute), details in cannot.items()]
@@ -454,6 +455,7 @@ def _report(args: argparse.Namespace, comparisons: list[Comparison], backends: l
     if args.json:
         print(json.dumps({"ok": ok, "summary": summary[-1], "details": summary[:-1],
                           "not_run": absent, "seconds": seconds, "peers": peers[0],
+                          "peer_versions": getattr(args, "peer_versions", {}),
                           "peers_not_installed": [{"peer": p.name, "install": p.install}
                                                   for p in peers[1]],
                           "backends": backends, "dtypes": list(args.dtypes),

@@ -56,6 +56,16 @@ class Peer:
     install: str = ""
 
     @property
+    def version(self) -> str | None:
+        """The installed version of the distribution it runs (its last module's name)."""
+        from importlib import metadata
+
+        try:
+            return metadata.version(self.modules[-1]) if self.modules else None
+        except metadata.PackageNotFoundError:
+            return None
+
+    @property
     def available(self) -> bool:
         """Whether every module it imports is installed (nothing is imported to find out)."""
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
