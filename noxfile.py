@@ -67,8 +67,10 @@ def tests(session: nox.Session, backend: str) -> None:
 
 
 #: the tests that meet other frameworks' own runtimes (tests/conftest.py routes them to the
-#: ``frameworks`` group): the dialects and the weight converter; the layers' tests join here
-FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py", "tests/test_layers_*.py"]
+#: ``frameworks`` group): the dialects, the weight converter, the peers of ``compare --peers``
+#: and the exported cases; the layers' tests join here
+FRAMEWORK_TESTS = ["tests/test_weights.py", "tests/test_dialect_*.py", "tests/test_layers_*.py",
+                   "tests/test_peers.py"]
 #: what they run against: TensorFlow's CPU wheel (about 20 s to install from a warm cache,
 #: its tests about 5 s) meets tests/test_dialect_tensorflow.py; the other Keras tests run on
 #: Keras's JAX backend

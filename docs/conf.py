@@ -2,8 +2,10 @@
 
 Before each build this file regenerates, under ``_generated/`` (not in git):
 the semantics figures (``_scripts/figures.py``, drawn from polyconv's own geometry), the
-``polyconv`` command's help texts (from its argparse parser) and the benchmarks page's plots
-and tables (from the records in ``records/``), so none can drift from the code or the data.
+``polyconv`` command's help texts (from its argparse parser), the benchmarks page's plots
+and tables (from the records in ``records/``) and the conformance page's tables
+(``_scripts/conformance.py``, from ``conformance/peers.json``), so none can drift from the code or
+the data.
 Build with ``sphinx-build -W --keep-going -b html docs docs/_build/html``.
 """
 
@@ -78,6 +80,10 @@ def _generate(app) -> None:
     for action in parser._subparsers._group_actions:  # the subcommands, in order
         for name, sub in action.choices.items():
             helps[f"polyconv-{name}"] = sub.format_help()
+    # `polyconv cases` has one action so far, `export`, whose options are what to show
+    cases = parser._subparsers._group_actions[0].choices["cases"]
+    helps["polyconv-cases-export"] = cases._subparsers._group_actions[0].choices[
+        "export"].format_help()
     # `polyconv bench` passes its arguments on to the suite's own parser
     from polyconv.benchmarks.suite import build_parser as bench_parser
 
@@ -87,6 +93,9 @@ def _generate(app) -> None:
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
     _benchmarks(out)
+    import conformance
+
+    conformance.write(DOCS / "conformance" / "peers.json", out / "conformance.md")
 
 
 def _benchmarks(out: Path) -> None:

@@ -1,4 +1,4 @@
-"""The ``polyconv`` command: ``compare``, ``shape`` and ``backends``.
+"""The ``polyconv`` command: ``compare``, ``shape``, ``backends`` and ``cases``.
 
 ``polyconv compare`` with no arguments is the main job: every op of the family, over a suite of
 representative geometries, on every available backend and dtype, checked against a float64
@@ -31,6 +31,7 @@ from ._cli_args import (
     op_name,
     shape_inputs,
 )
+from ._cli_cases import add_cases_parser
 from ._cli_compare import cmd_compare
 from ._compare import (
     format_table,
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="op name(s), comma-separated (default: all six)")
     c.add_argument("--backends", type=list_arg, metavar="NAMES",
                    help="comma-separated backend names (default: every available one)")
+    c.add_argument("--peers", type=list_arg, metavar="NAMES",
+                   help="also run other frameworks' own operators (torch, onnxruntime, "
+                        "onnx-reference, lax, openvino, all); their findings keep exit status 0")
     c.add_argument("--dtypes", type=dtypes_arg, metavar="DTYPES",
                    default=DEFAULT_DTYPES, help="comma-separated (default: float32,float16,"
                                                 "bfloat16; float64 is accepted too)")
@@ -82,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_shape_options(s, bias_shape=True)
     add_attr_options(s)
     s.set_defaults(func=cmd_shape)
+
+    add_cases_parser(sub)
 
     b = sub.add_parser("backends", help="list the backends, their versions and devices",
                        description="Every registered backend: installed or not, versions of "

@@ -32,6 +32,7 @@ from ._compare import (
 )
 from ._ops import infer_shape
 from ._optable import MAIN_OPS, spec
+from ._peers import peer_names
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         jobs = _suite_jobs(ops, bias=not args.no_bias)
 
+    peers, absent_peers = peer_names(args.peers)
+    args.peer_versions = {p.name: p.version for p in peers}
+    peers = [p.name for p in peers]
     total = len(jobs) * len(args.dtypes)
     progress = _Progress(total, enabled=not args.quiet)
     comparisons: list[Comparison] = []
@@ -372,20 +376,88 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 rng = np.random.default_rng([args.seed, j])
                 inputs = _make_inputs(job, dtype, rng)
                 comparisons.append(compare(job.name, *inputs, backends=backends,
-                                           label=job.label, **job.attrs))
+                                           label=job.label, peers=peers, **job.attrs))
     finally:
         progress.done()
-    return _report(args, comparisons, backends, custom, time.perf_counter() - t0)
+    return _report(args, comparisons, backends, custom, time.perf_counter() - t0,
+                   (peers, absent_peers))
+
+
+def _peer_cell(results, dtypes: Sequence[str]) -> str:
+    """One peer's verdict in each dtype: ``ok``, ``DIFF:ratio``, ``n/a`` (cannot express)
+    or ``RAISES``; ``-`` where it did not run."""
+    short = {"agrees": "ok", "cannot express": "n/a", "raises": "RAISES"}
+    by_dtype = {}
+    for dtype, r in results:
+        by_dtype[dtype] = r
+    out = []
+    for d in dtypes:
+        r = by_dtype.get(d)
+        if r is None:
+            out.append("-")
+        elif r.status == "disagrees":
+            out.append(f"DIFF:{r.max_ratio:.3g}")
+        else:
+            out.append(short[r.status])
+    return " ".join(out)
+
+
+def _peer_report(comparisons: list[Comparison], peers: Sequence[str],
+                 absent: Sequence[Any], dtypes: Sequence[str]) -> list[str]:
+    """The peers' table (one row per case), each finding once, and the absent peers."""
+    lines = []
+    ran = [c for c in comparisons if c.peers]
+    if peers and ran:
+        rows: dict[tuple[str, str], dict[str, list]] = {}
+        for c in ran:
+            row = rows.setdefault((c.op, c.label), {})
+            for r in c.peers:
+                row.setdefault(r.peer, []).append((c.dtype, r))
+        table = [(display_name(op), label, *(_peer_cell(row.get(p, []), dtypes)
+                                             for p in peers))
+                 for (op, label), row in rows.items()]
+        lines.append(f"peers, in {' '.join(dtypes)} (ok: within the bound; DIFF:err/bound "
+                     f"beyond it; n/a: the peer cannot express the case; RAISES: it raised):")
+        lines += format_table(("op", "geometry", *peers), table)
+        findings, cannot = [], {}
+        for c in ran:
+            for r in c.peers:
+                if r.status == "cannot express":   # one line per peer and attribute
+                    cannot.setdefault((r.peer, r.detail.split(":")[0]), []).append(r.detail)
+                elif r.status != "agrees":
+                    case = " ".join(filter(None, (display_name(c.op), c.label, c.dtype)))
+                    findings.append(f"  {r.peer}, {case}: {r}")
+        findings += [f"  {peer} cannot express {attribute} ({len(details)} cases), e.g. "
+                     f"{details[0].split(': ', 1)[1]}"
+                     for (peer, attribute), details in cannot.items()]
+        if findings:
+            lines += ["", "peer findings (about the peers, not polyconv):", *findings]
+        counts = []
+        for p in peers:
+            statuses = [r.status for c in ran for r in c.peers if r.peer == p]
+            parts = [f"{statuses.count(s)} {s}" for s in
+                     ("agrees", "disagrees", "raises", "cannot express") if s in statuses]
+            counts.append(f"{p}: {', '.join(parts)}")
+        lines += ["", "peers: " + "; ".join(counts)]
+    elif peers:
+        lines.append("peers: no Convolution or ConvTranspose ran, so no peer ran")
+    lines += [f"peer not installed: {p.name} ({p.install})" for p in absent]
+    return lines
 
 
 def _report(args: argparse.Namespace, comparisons: list[Comparison], backends: list[str],
-            custom: bool, seconds: float) -> int:
-    """Print the comparisons (as JSON with ``--json``) and the verdict; the exit status."""
+            custom: bool, seconds: float, peers: tuple[list[str], list] = ([], [])) -> int:
+    """Print the comparisons (as JSON with ``--json``) and the verdict; the exit status
+    (the backends' alone: a peer's disagreement is a finding about the peer)."""
     summary, ok = _summary(comparisons, backends, args.dtypes, seconds)
     absent = [] if args.backends else not_run(backends)
+    peer_lines = _peer_report(comparisons, peers[0], peers[1], args.dtypes)
     if args.json:
         print(json.dumps({"ok": ok, "summary": summary[-1], "details": summary[:-1],
-                          "not_run": absent, "seconds": seconds,
+                          "not_run": absent, "seconds": seconds, "peers": peers[0],
+                          "peer_versions": getattr(args, "peer_versions", {}),
+                          "peers_not_installed": [{"peer": p.name, "install": p.install}
+                                                  for p in peers[1]],
                           "backends": backends, "dtypes": list(args.dtypes),
                           "comparisons": [c.to_dict() for c in comparisons]}))
         return 0 if ok else 1
@@ -401,6 +473,9 @@ def _report(args: argparse.Namespace, comparisons: list[Comparison], backends: l
             for c in failed:
                 print(c)
                 print()
+        print()
+    if peer_lines:
+        print("\n".join(peer_lines))
         print()
     print("\n".join([*absent, *summary]))
     return 0 if ok else 1

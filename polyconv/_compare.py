@@ -21,15 +21,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ._backends import backend_samples, check_arrays, dtype_name, get_backend
+from ._formatting import (
+    _attr_str,
+    _json_float,
+    _jsonable,
+    _num,
+    _shape_str,
+    _sort_key,
+    format_table,
+)
 from ._ops import infer_shape
 from ._optable import lookup
+from ._peers import PEER_OPS, CannotExpress, Peer, PeerResult, peer_names, peer_operands
 
 __all__ = ["BackendResult", "Comparison", "compare"]
 
@@ -144,6 +154,7 @@ class Comparison:
     results: tuple[BackendResult, ...]
     label: str = ""
     reference_seconds: float = field(default=0.0, compare=False)
+    peers: tuple[PeerResult, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -183,6 +194,7 @@ class Comparison:
         if self.results:
             lines.append("first call: includes compilation (JAX); run (warm): the same call "
                          "again, the output checked")
+        lines.extend(f"  peer {p.peer}: {p}" for p in self.peers)
         verdict = (f"all backends within {BOUND}" if self.ok
                    else "FAILED: " + ", ".join(r.backend for r in self.results if not r.ok)
                    if self.results else "no backend ran")
@@ -203,6 +215,7 @@ class Comparison:
             "attrs": {k: _jsonable(v) for k, v in self.attrs.items()},
             "ok": self.ok,
             "results": [r.to_dict() for r in self.results],
+            "peers": [p.to_dict() for p in self.peers],
         }
 
 
@@ -219,7 +232,7 @@ def _function(name: str) -> Callable[..., Any]:
 
 def compare(op: str | Callable[..., Any], *inputs: Any,
             backends: str | Sequence[str] | None = None, label: str = "",
-            **attrs: Any) -> Comparison:
+            peers: str | Sequence[str | Peer] | None = None, **attrs: Any) -> Comparison:
     """Run one op on several backends and check each against a float64 reference.
 
     Parameters
@@ -237,6 +250,13 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
         Backend names (a comma-separated string is accepted). Default: every available backend.
     label : str, optional
         A name for this case, shown in the report.
+    peers : str or sequence of str, optional
+        Other frameworks' own operators to check against the same reference and bound
+        (``"torch"``, ``"onnxruntime"``, ``"onnx-reference"``, ``"lax"``, ``"openvino"``, or
+        ``"all"``), for
+        Convolution and ConvTranspose; the outcome is in ``.peers`` and never changes
+        ``.ok`` (a peer's disagreement is a finding about the peer). Peers not installed are
+        left out.
     **attrs
         The op's keyword attributes (``strides``, ``auto_pad``, ``precision``...).
 
@@ -301,8 +321,7 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
     # ---- the float64 reference and the bound -----------------------------------------------
     ref_attrs = {k: v for k, v in attrs.items() if k != "precision"}
     t0 = time.perf_counter()
-    y_exact = _numpy_f64(fn(*call_args(lambda a: a.astype(np.float64)), backend="numpy",
-                            **ref_attrs))
+    y_exact = _numpy_f64(reference(fn, *call_args(lambda a: a), **ref_attrs))
     magnitude = _numpy_f64(fn(*call_args(lambda a: np.abs(a.astype(np.float64))),
                               backend="numpy", **ref_attrs))
     terms = _numpy_f64(fn(*call_args(lambda a: np.ones(a.shape, np.float64)),
@@ -316,13 +335,24 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
     for backend in names:
         results.append(_run_backend(fn, backend, dtype, plan.shape, call_args, attrs,
                                     y_exact, bound))
+    peer_results = tuple(run_peer(p, plan.with_(dtype=dtype), arrays, y_exact, bound)
+                         for p in (peer_names(peers)[0] if name in PEER_OPS else ()))
     return Comparison(op=name, dtype=dtype, shape=plan.shape, pads_begin=plan.pads_begin,
                       pads_end=plan.pads_end,
                       input_shapes={r: tuple(arrays[r].shape) if r in arrays
                                     else None if v is None else tuple(v)
                                     for r, v in given.items()},
                       attrs=dict(attrs), results=tuple(results), label=label,
-                      reference_seconds=ref_seconds)
+                      reference_seconds=ref_seconds, peers=peer_results)
+
+
+def reference(op: str | Callable[..., Any], *inputs: Any, **attrs: Any) -> np.ndarray:
+    """The float64 reference of one call: the numpy backend on float64 copies of the inputs
+    (``precision`` is dropped: the reference has one)."""
+    fn = _function(lookup(op).name)
+    args = [x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in inputs]
+    attrs = {k: v for k, v in attrs.items() if k != "precision"}
+    return fn(*args, backend="numpy", **attrs)
 
 
 def trim(values: list[Any]) -> list[Any]:
@@ -387,6 +417,33 @@ def _run_backend(fn, backend: str, dtype: str, shape: tuple[int, ...], call_args
                          note=note, first_seconds=first)
 
 
+def run_peer(peer: Peer, plan, arrays: dict[str, np.ndarray], y_exact: np.ndarray,
+             bound: np.ndarray) -> PeerResult:
+    """``peer`` on one forward call (``arrays``: ``src``, ``weights``, optional ``bias`` in
+    the call's layouts), checked against the call's float64 reference and bound."""
+    try:
+        y = peer.run(plan, *peer_operands(plan, arrays))
+    except CannotExpress as exc:
+        return PeerResult(peer.name, "cannot express", detail=str(exc))
+    except Exception as exc:  # the peer's own failure is a finding about the peer
+        text = " ".join(str(exc).split())
+        return PeerResult(peer.name, "raises", detail=f"{type(exc).__name__}: {text[:300]}")
+    y = np.asarray(y, np.float64)
+    if plan.channels_last:
+        y = np.moveaxis(y, 1, -1)
+    if y.shape != y_exact.shape:
+        return PeerResult(peer.name, "disagrees", math.inf, math.inf,
+                          detail=f"shape {y.shape}, expected {y_exact.shape}")
+    err, ratio = _errors(y, y_exact, bound)
+    if ratio <= 1.0:
+        return PeerResult(peer.name, "agrees", err, ratio)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(y == y_exact, 0.0, np.abs(y - y_exact) / bound)
+    r = np.where(np.isnan(r), np.inf, r)
+    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(r)), r.shape))
+    return PeerResult(peer.name, "disagrees", err, ratio, where)
+
+
 def _errors(y: np.ndarray, y_exact: np.ndarray, bound: np.ndarray) -> tuple[float, float]:
     """Max abs error and max error/bound; NaN and Inf must match the reference's exactly."""
     finite = np.isfinite(y_exact)
@@ -427,57 +484,3 @@ def _eps(dtype: str) -> float:
 
         return float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)
     return float(np.finfo(np.dtype(dtype)).eps)
-
-
-# --------------------------------------------------------------------------------------------
-# formatting helpers (shared with the CLI)
-# --------------------------------------------------------------------------------------------
-
-
-def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """Left-aligned columns, two spaces apart, with a rule under the header."""
-    rows = [tuple(map(str, r)) for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()
-    out = [line, "  ".join("-" * w for w in widths)]
-    out.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-    return out
-
-
-def _num(x: float) -> str:
-    if math.isnan(x):
-        return "-"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
-
-
-def _shape_str(shape) -> str:
-    return "-" if shape is None else "x".join(map(str, shape)) if shape else "()"
-
-
-def _attr_str(v: Any) -> str:
-    return _shape_str(v) if isinstance(v, tuple) else repr(v) if isinstance(v, str) else str(v)
-
-
-def _sort_key(x: float) -> float:
-    return math.inf if math.isnan(x) else x
-
-
-def _json_float(x: float) -> float | str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (tuple, list)):
-        return [_jsonable(i) for i in v]
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    return repr(v)

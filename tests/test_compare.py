@@ -293,3 +293,56 @@ def test_compare_on_numpy_does_not_import_jax():
         assert "jax" not in sys.modules, "compare imported jax"
     """)
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------------------------
+# peers: another framework's operator checked against the same reference
+# --------------------------------------------------------------------------------------------
+
+
+def _oracle_peer(transpose_kernel: bool):
+    """A peer computed by the independent oracle (channels-first data, ``[Cb, Ca/G, K..]``
+    weights, as every peer gets them), optionally with its kernel's two spatial axes swapped:
+    the mistake a wrong weights translation makes."""
+    from polyconv._peers import Peer
+
+    def run(plan, x, w, bias):
+        if transpose_kernel:
+            w = np.swapaxes(w, -1, -2)
+        op = "convolution" if plan.primitive == "forward" else "conv_transpose"
+        return oracle.reference(op, x, w, bias, strides=plan.strides, dilations=plan.dilations,
+                                groups=plan.groups, pads_begin=plan.pads_begin,
+                                pads_end=plan.pads_end, output_padding=plan.output_padding,
+                                data_format="NCX", weights_format="OIX" if op ==
+                                "convolution" else "IOX").y
+
+    return Peer("transposed-kernel" if transpose_kernel else "oracle", run)
+
+
+@pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
+def test_a_peer_with_a_transposed_kernel_is_reported_as_disagreeing(op):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (1, 5, 6, 4)).astype(np.float32)
+    w = rng.uniform(-1, 1, (3, 3, 2, 4) if op == "conv_transpose" else (3, 3, 4, 2)
+                    ).astype(np.float32)
+    c = polyconv.compare(op, x, w, backends=["numpy"], strides=2, pads_begin=(1, 0),
+                         pads_end=(0, 1), peers=[_oracle_peer(False), _oracle_peer(True)])
+    right, wrong = c.peers
+    assert (right.peer, right.status) == ("oracle", "agrees")
+    assert (wrong.peer, wrong.status) == ("transposed-kernel", "disagrees")
+    assert wrong.max_ratio > 1 and len(wrong.where) == 4
+    assert c.ok                                    # a peer's finding is not polyconv's failure
+    assert "peer transposed-kernel: DISAGREES" in str(c)
+    assert c.to_dict()["peers"][1]["status"] == "disagrees"
+
+
+def test_peers_are_only_for_the_forward_ops_and_unknown_names_are_refused():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (1, 5, 6, 4)).astype(np.float32)
+    w = rng.uniform(-1, 1, (3, 3, 4, 2)).astype(np.float32)
+    dy = rng.uniform(-1, 1, (1, 3, 4, 2)).astype(np.float32)
+    c = polyconv.compare("convolution_backward_data", dy, w, (1, 5, 6, 4), backends=["numpy"],
+                         peers=[_oracle_peer(False)])
+    assert c.peers == ()
+    with pytest.raises(ValueError, match=r"unknown peer 'tensorflw'.*torch, onnxruntime"):
+        polyconv.compare("convolution", x, w, backends=["numpy"], peers="tensorflw")

@@ -4,7 +4,9 @@ run one session, and what a first call does (measuring is off unless turned on).
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +92,34 @@ def test_guide_pages_give_their_width_to_the_content():
     assert "polyconv.css" in conf["html_css_files"]
     css = (ROOT / "docs" / "_static" / "polyconv.css").read_text(encoding="utf-8")
     assert re.search(r"\.bd-article-container\s*{\s*max-width:\s*80em", css), css
+
+
+def test_the_conformance_page_reruns_what_the_record_holds():
+    """Each reproduction on the conformance page, parsed by the command line, is the recorded
+    case: same op, shapes, attributes, dtype and peer."""
+    import shlex
+
+    sys.path.insert(0, str(ROOT / "docs" / "_scripts"))
+    import conformance
+
+    from polyconv._cli_args import SHAPE_OPTIONS, attrs_of, op_name
+
+    record = json.loads((ROOT / "docs" / "conformance" / "peers.json").read_text())
+    text = conformance.page(record)
+    commands = re.findall(r"```bash\n(polyconv compare .*)\n```", text)
+    assert commands and len(commands) == text.count("### ")
+    cases = {(c["op"], c["dtype"], json.dumps(c["attrs"], sort_keys=True)): c
+             for c in record["comparisons"]}
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in attrs_of(args).items()}
+        (dtype,) = args.dtypes
+        case = cases[(op_name(args.op[0]), dtype, json.dumps(attrs, sort_keys=True))]
+        shapes = {r: list(getattr(args, r)) for r in SHAPE_OPTIONS if getattr(args, r, None)}
+        assert shapes == {r: s for r, s in case["input_shapes"].items()
+                          if r != "bias" and s}, command
+        (peer,) = args.peers
+        assert any(r["peer"] == peer and r["status"] in ("disagrees", "raises")
+                   for r in case["peers"]), command
+    for peer in record["peers"]:
+        assert f"\n| {peer} | " in text

@@ -1,0 +1,333 @@
+"""Other frameworks' own convolutions ("peers"), called with a polyconv call's meaning.
+
+``polyconv compare --peers`` asks whether PyTorch, onnxruntime, the ONNX reference, ``lax``
+and OpenVINO compute what polyconv's contract says for one call. Each peer translates a resolved
+:class:`~polyconv.ConvPlan` (pads, strides, dilations, groups, output_padding already
+resolved) into its framework's own call, once, here; where the framework has no way to say
+the call it raises :class:`CannotExpress` naming the attribute. A peer imports its framework
+only when it runs, so ``import polyconv`` stays light.
+
+Every peer gets its operands in the framework-neutral form the ONNX operators take: data
+channels-first (``NCX``) and weights canonical ``[Cb, Ca/G, K..]``, which is ONNX's and
+PyTorch's ``W`` for both Conv (``[OC, IC/G, K..]``) and ConvTranspose (``[IC, OC/G, K..]``);
+it returns its output channels-first. The verdict uses the same float64 reference and error
+bound as polyconv's own backends (:func:`polyconv.compare`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._formatting import _json_float
+
+__all__ = ["PEERS", "CannotExpress", "Peer", "PeerResult", "onnx_model", "peer_names",
+           "peer_operands"]
+
+#: The ops a peer computes: the forward op of each family.
+PEER_OPS = ("convolution", "conv_transpose")
+
+
+class CannotExpress(Exception):
+    """The peer's own operator has no way to say this call."""
+
+    def __init__(self, attribute: str, why: str):
+        super().__init__(f"{attribute}: {why}")
+        self.attribute, self.why = attribute, why
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One framework's own operator.
+
+    ``run(plan, x, w, bias)`` takes ``x`` channels-first, ``w`` as ``[Cb, Ca/G, K..]`` and
+    ``bias`` (or ``None``), all numpy arrays of the call's dtype, and returns the output
+    channels-first as an array numpy can read.
+    """
+
+    name: str
+    run: Callable[..., Any]
+    modules: tuple[str, ...] = ()
+    install: str = ""
+
+    @property
+    def version(self) -> str | None:
+        """The installed version of the distribution it runs (its last module's name)."""
+        from importlib import metadata
+
+        try:
+            return metadata.version(self.modules[-1]) if self.modules else None
+        except metadata.PackageNotFoundError:
+            return None
+
+    @property
+    def available(self) -> bool:
+        """Whether every module it imports is installed (nothing is imported to find out)."""
+        return all(importlib.util.find_spec(m) is not None for m in self.modules)
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """How one peer did on one call.
+
+    ``status`` is ``"agrees"`` (within the error bound), ``"disagrees"`` (beyond it, or a
+    wrong shape: ``max_ratio``, ``max_abs_error`` and ``where``, the output index of the
+    largest err/bound), ``"cannot express"`` (``detail`` names the attribute and why) or
+    ``"raises"`` (the peer's own operator raised on a call it accepts: ``detail``).
+    """
+
+    peer: str
+    status: str
+    max_abs_error: float = math.nan
+    max_ratio: float = math.nan
+    where: tuple[int, ...] | None = None
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (non-finite floats become strings)."""
+        return {"peer": self.peer, "status": self.status,
+                "max_abs_error": _json_float(self.max_abs_error),
+                "max_ratio": _json_float(self.max_ratio),
+                "where": None if self.where is None else list(self.where),
+                "detail": self.detail}
+
+    def __str__(self) -> str:
+        if self.status == "agrees":
+            return f"agrees (err/bound {self.max_ratio:.2g})"
+        if self.status == "disagrees":
+            at = "" if self.where is None else f" at {self.where}"
+            return (f"DISAGREES: max abs error {self.max_abs_error:.3g}, err/bound "
+                    f"{self.max_ratio:.3g}{at}{'; ' + self.detail if self.detail else ''}")
+        return f"{self.status}: {self.detail}"
+
+
+# --------------------------------------------------------------------------------------------
+# the translations, one per peer
+# --------------------------------------------------------------------------------------------
+
+
+def _transposed(plan) -> bool:
+    return plan.primitive == "backward_data"
+
+
+#: ONNX Conv and ConvTranspose take these element types (bfloat16 is not among them).
+_ONNX_DTYPES = ("float16", "float32", "float64")
+
+
+def onnx_attributes(plan) -> dict[str, Any]:
+    """The ONNX node attributes of ``plan``'s Conv / ConvTranspose (explicit pads)."""
+    attrs = {"strides": list(plan.strides), "dilations": list(plan.dilations),
+             "group": plan.groups, "kernel_shape": list(plan.kernel),
+             "pads": [*plan.pads_begin, *plan.pads_end]}
+    if _transposed(plan) and any(plan.output_padding):
+        attrs["output_padding"] = list(plan.output_padding)
+    return attrs
+
+
+def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17):
+    """A one-node ONNX model of ``plan`` (inputs ``X``, ``W`` and ``B`` if ``with_bias``;
+    output ``Y``), for the ONNX peers and ``polyconv cases export``."""
+    if dtype not in _ONNX_DTYPES:
+        raise CannotExpress("dtype", f"{dtype}: ONNX Conv and ConvTranspose take float16, "
+                                     f"float and double only")
+    from onnx import helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    op_type = "ConvTranspose" if _transposed(plan) else "Conv"
+    names = ["X", "W", "B"] if with_bias else ["X", "W"]
+    x_shape, y_shape = _ncx(plan, plan.b_shape if _transposed(plan) else plan.a_shape), \
+        _ncx(plan, plan.shape)
+    w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
+    shapes = [x_shape, w_shape, (plan.bias_channels,)][:len(names)]
+    node = helper.make_node(op_type, names, ["Y"], **onnx_attributes(plan))
+    graph = helper.make_graph(
+        [node], f"polyconv_{op_type}",
+        [helper.make_tensor_value_info(n, elem, list(s)) for n, s in zip(names, shapes)],
+        [helper.make_tensor_value_info("Y", elem, list(y_shape))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             producer_name="polyconv")
+
+
+def _ncx(plan, shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(shape)
+    return (shape[0], shape[-1], *shape[1:-1]) if plan.channels_last else shape
+
+
+def _onnx_feeds(x, w, bias) -> dict[str, np.ndarray]:
+    feeds = {"X": np.ascontiguousarray(x), "W": np.ascontiguousarray(w)}
+    if bias is not None:
+        feeds["B"] = np.ascontiguousarray(bias)
+    return feeds
+
+
+def _onnxruntime(plan, x, w, bias):
+    import onnxruntime as ort
+
+    model = onnx_model(plan, str(x.dtype), bias is not None)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, _onnx_feeds(x, w, bias))[0]
+
+
+def _onnx_reference(plan, x, w, bias):
+    from onnx.reference import ReferenceEvaluator
+
+    model = onnx_model(plan, str(x.dtype), bias is not None)
+    return ReferenceEvaluator(model).run(None, _onnx_feeds(x, w, bias))[0]
+
+
+def _torch_pads(plan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """PyTorch's ``padding`` and ``output_padding`` for ``plan``: one pad per axis for both
+    sides; a transposed call's end crop is ``padding - output_padding``."""
+    begin, end = plan.pads_begin, plan.pads_end
+    if not _transposed(plan):
+        if begin != end:
+            raise CannotExpress("pads_begin/pads_end", f"asymmetric pads {begin}/{end}: "
+                                "torch.nn.functional.conv{n}d takes one pad per axis for "
+                                "both sides".format(n=plan.ndim))
+        return begin, (0,) * plan.ndim
+    opad = tuple(b - e + o for b, e, o in zip(begin, end, plan.output_padding))
+    limits = tuple(max(s, d) for s, d in zip(plan.strides, plan.dilations))
+    if any(not 0 <= o < m for o, m in zip(opad, limits)):
+        raise CannotExpress("pads_begin/pads_end/output_padding", (
+            f"pads {begin}/{end} with output_padding {plan.output_padding} need PyTorch's "
+            f"output_padding {opad}, outside 0 <= output_padding < max(stride, dilation) "
+            f"{limits}"))
+    return begin, opad
+
+
+def _torch(plan, x, w, bias):
+    import torch
+    import torch.nn.functional as F
+
+    if plan.ndim not in (1, 2, 3):
+        raise CannotExpress("rank", f"{plan.ndim} spatial axes: torch.nn.functional has 1, "
+                                    "2 and 3")
+    padding, opad = _torch_pads(plan)
+
+    def tensor(a):
+        if a is None:
+            return None
+        dtype = getattr(torch, str(a.dtype))
+        return torch.from_numpy(np.asarray(a, np.float64)).to(dtype)
+
+    kw = {"stride": plan.strides, "padding": padding, "dilation": plan.dilations,
+          "groups": plan.groups}
+    with torch.no_grad():
+        if _transposed(plan):
+            fn = getattr(F, f"conv_transpose{plan.ndim}d")
+            y = fn(tensor(x), tensor(w), tensor(bias), output_padding=opad, **kw)
+        else:
+            y = getattr(F, f"conv{plan.ndim}d")(tensor(x), tensor(w), tensor(bias), **kw)
+    return y.double().numpy()
+
+
+def _lax(plan, x, w, bias):
+    import jax.numpy as jnp
+    from jax import lax
+
+    sp = "DHW"[-plan.ndim:] if plan.ndim <= 3 else "".join(str(i) for i in range(plan.ndim))
+    dn = (f"NC{sp}", f"OI{sp}", f"NC{sp}")
+    if _transposed(plan):
+        if plan.groups != 1:
+            raise CannotExpress("groups", f"groups={plan.groups}: jax.lax.conv_transpose has "
+                                          "no feature_group_count")
+        # lax pads the stride-dilated input: the forward pads' complement within the kernel
+        pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in zip(
+            plan.effective_kernel, plan.pads_begin, plan.pads_end, plan.output_padding)]
+        y = lax.conv_transpose(jnp.asarray(x), jnp.asarray(w), plan.strides, pads,
+                               rhs_dilation=plan.dilations, dimension_numbers=dn,
+                               transpose_kernel=True, precision=lax.Precision.HIGHEST)
+    else:
+        y = lax.conv_general_dilated(jnp.asarray(x), jnp.asarray(w), plan.strides,
+                                     list(zip(plan.pads_begin, plan.pads_end)),
+                                     rhs_dilation=plan.dilations, dimension_numbers=dn,
+                                     feature_group_count=plan.groups,
+                                     precision=lax.Precision.HIGHEST)
+    if bias is not None:
+        y = y + jnp.asarray(bias).reshape((1, -1) + (1,) * plan.ndim)
+    return np.asarray(y).astype(np.float64)
+
+
+def _openvino(plan, x, w, bias):
+    import openvino as ov
+    import openvino.opset15 as ops
+
+    if str(x.dtype) not in ("float32", "float16"):
+        raise CannotExpress("dtype", f"{x.dtype}: this peer feeds OpenVINO numpy float16 and "
+                                     "float32 arrays only")
+    if any(p < 0 for p in (*plan.pads_begin, *plan.pads_end)):
+        raise CannotExpress("pads_begin/pads_end", f"negative pads {plan.pads_begin}/"
+                                                   f"{plan.pads_end}: OpenVINO's are >= 0")
+    g = plan.groups
+    param = ops.parameter(list(x.shape), x.dtype)
+    kw = {"strides": list(plan.strides), "pads_begin": list(plan.pads_begin),
+          "pads_end": list(plan.pads_end), "dilations": list(plan.dilations)}
+    if g > 1:   # OpenVINO's group filters: [G, Cb/G, Ca/G, K..] for both directions
+        w = w.reshape(g, plan.b_channels // g, plan.a_channels // g, *plan.kernel)
+    if _transposed(plan):
+        op = ops.group_convolution_backprop_data if g > 1 else ops.convolution_backprop_data
+        node = op(param, ops.constant(w), output_padding=list(plan.output_padding), **kw)
+    else:
+        op = ops.group_convolution if g > 1 else ops.convolution
+        node = op(param, ops.constant(w), **kw)
+    if bias is not None:
+        node = ops.add(node, ops.constant(bias.reshape((1, -1) + (1,) * plan.ndim)))
+    # f32 inference precision: OpenVINO may otherwise compute in bf16 on CPUs that have it
+    compiled = ov.compile_model(ov.Model([node], [param]), "CPU",
+                                {"INFERENCE_PRECISION_HINT": "f32"})
+    return compiled(x)[0]
+
+
+#: Every built-in peer, in report order.
+PEERS: tuple[Peer, ...] = (
+    Peer("torch", _torch, ("torch",), "pip install torch"),
+    Peer("onnxruntime", _onnxruntime, ("onnx", "onnxruntime"), "pip install onnx onnxruntime"),
+    Peer("onnx-reference", _onnx_reference, ("onnx",), "pip install onnx"),
+    Peer("lax", _lax, ("jax",), "pip install jax"),
+    Peer("openvino", _openvino, ("openvino",), "pip install openvino"),
+)
+
+
+def peer_names(names: Sequence[str | Peer] | str | None) -> tuple[list[Peer], list[Peer]]:
+    """The peers asked for (``"all"``: every built-in one) as ``(installed, absent)``.
+
+    Raises
+    ------
+    ValueError
+        For a name that is no peer.
+    """
+    if names is None:
+        return [], []
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    known = {p.name: p for p in PEERS}
+    chosen: list[Peer] = []
+    for name in names:
+        if isinstance(name, Peer):
+            chosen.append(name)
+        elif name == "all":
+            chosen.extend(PEERS)
+        elif name in known:
+            chosen.append(known[name])
+        else:
+            msg = (f"peers: unknown peer {name!r}; the peers are {', '.join(known)}, or "
+                   f"'all' for every installed one")
+            raise ValueError(msg)
+    chosen = list({p.name: p for p in chosen}.values())
+    return [p for p in chosen if p.available], [p for p in chosen if not p.available]
+
+
+def peer_operands(plan, arrays: dict[str, np.ndarray]) -> tuple[Any, Any, Any]:
+    """A forward call's ``src``, ``weights`` and ``bias`` (or ``None``) as every peer takes
+    them: data channels-first, weights ``[Cb, Ca/G, K..]``."""
+    x = np.moveaxis(arrays["src"], -1, 1) if plan.channels_last else arrays["src"]
+    w = np.transpose(arrays["weights"], plan.weights_perm)
+    return np.ascontiguousarray(x), np.ascontiguousarray(w), arrays.get("bias")
