@@ -52,6 +52,11 @@ def _install_torch(session: nox.Session, backend: str) -> None:
         session.warn(why)
 
 
+#: what the tests that need no backend (run in the numpy session) need besides: the
+#: benchmarks page's plots, drawn by tests/test_records.py
+NO_BACKEND_DEPS = ["matplotlib>=3.7"]
+
+
 @nox.session
 @nox.parametrize("backend", list(BACKENDS), ids=list(BACKENDS))
 def tests(session: nox.Session, backend: str) -> None:
@@ -59,7 +64,7 @@ def tests(session: nox.Session, backend: str) -> None:
     (``nox -s "tests(jax)"`` runs one; the torch session uses CPU torch and is skipped visibly
     when torch cannot be installed here)."""
     install, with_torch, targets = BACKENDS[backend]
-    session.install(install, *TEST_DEPS)
+    session.install(install, *TEST_DEPS, *(NO_BACKEND_DEPS if backend == "numpy" else ()))
     if with_torch:
         _install_torch(session, backend)
     session.run("pytest", "-n", "auto", *session.posargs,
