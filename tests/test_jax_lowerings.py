@@ -320,8 +320,11 @@ def _lhs_dilated(text: str) -> bool:
                for m in re.findall(r"lhs_dilate = \[([^\]]*)\]", text))
 
 
-def test_forcing_reaches_xla():
-    """What each forced lowering traces to (and that the setting is scoped)."""
+def test_forcing_reaches_xla(monkeypatch):
+    """What each forced lowering traces to (and that the setting is scoped). The plans are
+    tiny: ``grouped``'s per-group problems are chosen as larger ones would be (the small-plan
+    rule would leave them to the lhs-dilated convolution)."""
+    monkeypatch.setattr(_policy, "SMALL_MACS", 0)
     rng = np.random.default_rng(14)
     x = jnp.asarray(rng.standard_normal((1, 4, 4, 4)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((3, 3, 2, 4)), jnp.float32)   # XOI, groups 2
@@ -378,6 +381,7 @@ def test_forcing_from_the_environment(monkeypatch):
     def text():
         return _hlo(lambda x, w: polyconv.conv_transpose(x, w, strides=2), x, w)
 
+    monkeypatch.setenv("POLYCONV_IMPLEMENTATION", "jax:backward_data=phases")
     assert not _lhs_dilated(text())
     monkeypatch.setenv("POLYCONV_IMPLEMENTATION", " jax: backward_data = direct ")
     assert _lhs_dilated(text())
