@@ -100,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``polyconv bench``: the benchmark suite of :mod:`polyconv.benchmarks.suite`;
-    ``polyconv bench --first-calls``: the first calls of :mod:`polyconv.benchmarks.first_call`."""
+    ``polyconv bench --first-calls``: the first calls of :mod:`polyconv.benchmarks.first_call`;
+    ``polyconv bench --overhead``: the per-call overhead of :mod:`polyconv.benchmarks.overhead`."""
+    if args.bench_args[:1] == ["--overhead"]:
+        from .benchmarks.overhead import main as overhead_main
+
+        return overhead_main(args.bench_args[1:])
     if args.bench_args[:1] == ["--first-calls"]:
         from .benchmarks.first_call import main as first_calls_main
 
