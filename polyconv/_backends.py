@@ -13,6 +13,7 @@ and array-api-compat do. There is no process-global backend switch: each call pi
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import os
@@ -86,6 +87,13 @@ class BackendHooks:
     def samples(self, dtype: str) -> Samples:
         """How :func:`polyconv.compare` gives this backend its inputs in ``dtype``."""
         return NUMPY_SAMPLES
+
+    def specialize(self, plan: ConvPlan) -> Callable[..., Any]:
+        """``plan``'s primitive as a function of its arrays alone (the primitive's arguments
+        after ``plan``), with what depends on the plan alone decided once: the core asks
+        for it at a call's first dispatch and calls it for every later call like it, so
+        its per-call work is a small call's whole overhead."""
+        return functools.partial(getattr(self, plan.primitive), plan)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ._dispatch import _call, _prepare
+from . import _dispatch
+from ._dispatch import _call, _prepare, call_fast, call_key
 from ._geometry import ConvPlan, resolve
 from ._keywords import unexpected_keyword
 from ._optable import OP_TABLE, SHAPE_ARGUMENTS, OpSpec, lookup
@@ -43,14 +44,27 @@ _KNOWN: dict[str, frozenset[str]] = {}
 
 def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
     """One of the six ops: unknown keywords refused with a hint, the parameters shared by
-    every op documented from the op table."""
+    every op documented from the op table. ``fn``'s body returns its parameters as Python
+    bound them (``locals()``: its own messages for a wrong call), the first time a call's
+    key (:func:`~polyconv._dispatch.call_key`) is met; later calls with that key go straight
+    to the primitive it got."""
     spec = op_spec(fn.__name__)
-    known = _KNOWN[spec.name] = _keywords(fn)
+    name = spec.name
+    known = _KNOWN[name] = _keywords(fn)
+    arrays = sum(1 for param in spec.positional if param not in SHAPE_ARGUMENTS)
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        _check_keywords(spec.name, kwargs, known)
-        return fn(*args, **kwargs)
+        key = call_key(name, arrays, args, kwargs)
+        try:
+            entry = None if key is None else _dispatch._DISPATCH.get(key)
+        except TypeError:        # an array type whose dtype or shape does not hash
+            key = entry = None
+        if entry is not None:    # a call like one that passed every check: no binding
+            run, pick = entry
+            return run(*args) if pick is None else run(*pick(args))
+        _check_keywords(name, kwargs, known)
+        return call_fast(spec, key, args, fn(*args, **kwargs))
 
     if checked.__doc__:  # None under python -OO
         common = _COMMON_DOC.format(large=spec.large, wfmt=spec.weights_format)
@@ -139,7 +153,7 @@ def convolution(src: Array, weights: Array, bias: Array | None = None, *,
     >>> polyconv.convolution(x, w, auto_pad="same_upper").shape
     (1, 5, 5, 4)
     """
-    return _call(op_spec("convolution"), locals())  # exactly the parameters
+    return locals()  # exactly the parameters, bound by Python; run by _public
 
 
 @_public
@@ -183,7 +197,7 @@ def convolution_backward_data(diff_dst: Array, weights: Array,
     >>> polyconv.convolution_backward_data(dy, w, strides=2, output_padding=1).shape
     (1, 8, 8, 2)
     """
-    return _call(op_spec("convolution_backward_data"), locals())  # exactly the parameters
+    return locals()  # exactly the parameters, bound by Python; run by _public
 
 
 @_public
@@ -222,7 +236,7 @@ def convolution_backward_weights(src: Array, diff_dst: Array,
     >>> polyconv.convolution_backward_weights(x, dy, (3, 3)).shape
     (3, 3, 3, 8)
     """
-    return _call(op_spec("convolution_backward_weights"), locals())  # exactly the parameters
+    return locals()  # exactly the parameters, bound by Python; run by _public
 
 
 @_public
@@ -269,7 +283,7 @@ def conv_transpose(src: Array, weights: Array, bias: Array | None = None, *,
     ...                         output_padding=1).shape
     (1, 8, 8, 2)
     """
-    return _call(op_spec("conv_transpose"), locals())  # exactly the parameters
+    return locals()  # exactly the parameters, bound by Python; run by _public
 
 
 @_public
@@ -307,7 +321,7 @@ def conv_transpose_backward_data(diff_dst: Array, weights: Array, *, strides: In
     ...                                       pads_end=1, output_padding=1).shape
     (1, 4, 4, 8)
     """
-    return _call(op_spec("conv_transpose_backward_data"), locals())  # exactly the parameters
+    return locals()  # exactly the parameters, bound by Python; run by _public
 
 
 @_public
@@ -349,7 +363,7 @@ def conv_transpose_backward_weights(src: Array, diff_dst: Array,
     ...                                          pads_end=1, output_padding=1).shape
     (3, 3, 2, 8)
     """
-    return _call(op_spec("conv_transpose_backward_weights"), locals())  # exactly the parameters
+    return locals()  # exactly the parameters, bound by Python; run by _public
 
 
 # --------------------------------------------------------------------------------------------

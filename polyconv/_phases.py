@@ -249,12 +249,20 @@ class Phases:
     def phase_window(self, phase: tuple[int, ...], cells: tuple[int, ...] | None = None
                      ) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
         """The spatial slices ``(cell index, a positions)`` of one phase's in-range cells among
-        the first ``cells`` per axis (default: :attr:`AxisPhases.cells`), or ``None``."""
-        cells = cells if cells is not None else tuple(ax.cells for ax in self.axes)
-        wins = [ax.phase_window(r, c) for ax, r, c in zip(self.axes, phase, cells)]
-        if any(w is None for w in wins):
-            return None
-        return tuple(w.index for w in wins), tuple(w.positions for w in wins)
+        the first ``cells`` per axis (default: :attr:`AxisPhases.cells`), or ``None``;
+        remembered (a strategy asks for it on every call)."""
+        memo = self._phase_windows
+        key = (phase, cells)
+        if key not in memo:
+            sizes = cells if cells is not None else tuple(ax.cells for ax in self.axes)
+            wins = [ax.phase_window(r, c) for ax, r, c in zip(self.axes, phase, sizes)]
+            memo[key] = (None if any(w is None for w in wins) else
+                         (tuple(w.index for w in wins), tuple(w.positions for w in wins)))
+        return memo[key]
+
+    @functools.cached_property
+    def _phase_windows(self) -> dict:
+        return {}
 
 
 @functools.lru_cache(maxsize=512)
@@ -271,9 +279,18 @@ def _phases(geometry: tuple[tuple[int, ...], ...]) -> Phases:
 
 def phases(plan: Any) -> Phases:
     """The :class:`Phases` of a :class:`~polyconv.ConvPlan` (cached per spatial geometry:
-    large and small sizes, kernel, strides, dilations, pads_begin)."""
-    return _phases((plan.a_spatial, plan.b_spatial, plan.kernel, plan.strides, plan.dilations,
-                    plan.pads_begin))
+    large and small sizes, kernel, strides, dilations, pads_begin; and per plan, whose hash
+    is kept: a strategy asks on every call)."""
+    found = _OF_PLAN.get(plan)
+    if found is None:
+        if len(_OF_PLAN) >= 4096:
+            _OF_PLAN.clear()
+        found = _OF_PLAN[plan] = _phases((plan.a_spatial, plan.b_spatial, plan.kernel,
+                                          plan.strides, plan.dilations, plan.pads_begin))
+    return found
+
+
+_OF_PLAN: dict[Any, Phases] = {}
 
 
 @dataclass(frozen=True)

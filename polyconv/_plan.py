@@ -187,6 +187,22 @@ class ConvPlan:
         items += [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in head]
         return f"ConvPlan({', '.join(f'{name}={value!r}' for name, value in items)})"
 
+    def __hash__(self) -> int:
+        # the generated hash of the compared fields, computed once: plans key the per-plan
+        # caches of every call (a repeated call's dictionary lookups hash the same plan)
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __getstate__(self) -> dict:
+        # a string's hash differs between processes: a pickled plan hashes afresh
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
     def with_(self, **changes) -> ConvPlan:
         """A copy with some fields replaced."""
         from dataclasses import replace

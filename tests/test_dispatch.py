@@ -77,3 +77,55 @@ def test_the_memory_is_bounded(monkeypatch):
     for n in range(1, 11):
         _conv(x=np.zeros((n, 4, 7, 4), np.float32))
         assert 1 <= len(_dispatch._DISPATCH) <= 4
+
+
+def _check(y, fn, *arrays, **attrs):
+    ref = reference(fn, *arrays, **attrs)
+    assert y.shape == ref.shape
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
+
+
+def test_arrays_in_any_position_reach_their_primitive():
+    """A repeated call takes its arrays from the caller's own arguments: positional, by
+    keyword, after a shape argument, or in another order than its primitive's (the
+    ConvTranspose weight gradient takes ``src, diff_dst``, its primitive ``b, a``)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 6, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)      # XOI: OC/G = 3, IC = 4
+    b = rng.standard_normal(3).astype(np.float32)
+    attrs = {"strides": 2, "pads_begin": 1, "pads_end": (0, 1)}
+    y = polyconv.conv_transpose(x, w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    for _ in range(2):                  # the second call of each is served from memory
+        _check(polyconv.conv_transpose(x, w, b, **attrs), "conv_transpose", x, w, b, **attrs)
+        _check(polyconv.conv_transpose(x, w, bias=b, **attrs), "conv_transpose", x, w, b,
+               **attrs)
+        _check(polyconv.conv_transpose(src=x, weights=w, **attrs), "conv_transpose", x, w,
+               **attrs)
+        _check(polyconv.conv_transpose_backward_weights(x, dy, (3, 3), **attrs),
+               "conv_transpose_backward_weights", x, dy, weights_shape=(3, 3), **attrs)
+        _check(polyconv.conv_transpose_backward_weights(x, dy, weights_shape=(3, 3), **attrs),
+               "conv_transpose_backward_weights", x, dy, weights_shape=(3, 3), **attrs)
+        _check(polyconv.convolution_backward_data(x, w, y.shape, **attrs),   # w as XIO
+               "convolution_backward_data", x, w, dst_shape=y.shape, **attrs)
+
+
+def test_a_forced_backend_answers_in_the_inputs_library():
+    """With ``backend=`` naming another library's backend, every call (not only the first)
+    returns an array of the inputs' library."""
+    pytest.importorskip("jax")
+    for _ in range(2):
+        y = _conv(backend="jax")
+        assert type(y) is np.ndarray
+        _check(y, "convolution", X, W)
+
+
+def test_a_wrong_call_gets_pythons_own_message_every_time():
+    _conv()
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"convolution\(\) takes from 2 to 3 positional "
+                                            r"arguments but 4 were given"):
+            polyconv.convolution(X, W, None, 2)
+        with pytest.raises(TypeError, match=r"missing 1 required positional argument: "
+                                            r"'weights'"):
+            polyconv.convolution(X)

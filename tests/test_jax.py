@@ -37,9 +37,10 @@ from jax_grid import (  # noqa: E402
     _weights,
 )
 from oracle import EPS, assert_within_bound, reference  # noqa: E402
-from polyconv_jax import _primitives  # noqa: E402
+from polyconv_jax import _primitives, canonical_precision  # noqa: E402
 
 import polyconv  # noqa: E402
+from polyconv._choice import settings as choice_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("jax_x64")   # the comparisons here are in float64
@@ -265,18 +266,104 @@ def test_jit_matches_eager_and_does_not_retrace(name):
 
 
 def test_eager_calls_compile_once_per_plan():
-    """The plan is a static (hashable) jit argument: repeated eager calls reuse the executable."""
+    """An eager call is one dispatch of its plan's jitted entry (plan, precision and choice
+    settings bound, no static arguments): repeated eager calls, and calls spelling the same
+    plan another way, reuse its executable."""
 
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.standard_normal((2, 5, 5, 3)))
     w = jnp.asarray(rng.standard_normal((3, 3, 3, 4)))
     polyconv.convolution(x, w, strides=2, auto_pad="same_upper")
-    before = _primitives.forward._cache_size()
+    entries = _primitives._entry.cache_info().currsize
+    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2,
+                                auto_pad="same_upper").with_(dtype="float64", op="forward")
+    jitted = _primitives.entry(plan, canonical_precision("convolution", None),
+                               choice_settings())
+    assert jitted._cache_size() == 1       # the calls' entry: compiled by the first one
     for _ in range(3):
         polyconv.convolution(x + 1.0, w, strides=2, auto_pad="same_upper")
-    assert _primitives.forward._cache_size() == before
-    plan = polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2)
-    assert hash(plan) == hash(polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2))
+    polyconv.convolution(x, w, strides=(2, 2), auto_pad="SAME_UPPER")
+    assert _primitives._entry.cache_info().currsize == entries
+    assert jitted._cache_size() == 1
+    assert hash(plan) == hash(polyconv.infer_shape("Convolution", x.shape, w.shape, strides=2,
+                                                   auto_pad="same_upper").with_(
+        dtype="float64", op="forward"))
+
+
+# --------------------------------------------------------------------------------------------
+# the compiled program of a call on the plain lowering is the hand-written lax call's
+# --------------------------------------------------------------------------------------------
+
+def _opcodes(fn, *args) -> list[str]:
+    """The instructions of ``fn``'s compiled XLA program, by opcode, sorted (fusions opened;
+    parameters, tuples and the ROOT marker dropped)."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    ops = re.findall(r"^\s*(?:ROOT )?%\S+ = \S+ ([a-z][\w-]*)\(", text, flags=re.M)
+    return sorted(op for op in ops if op not in ("parameter", "tuple", "fusion"))
+
+
+_HI = jax.lax.Precision.HIGHEST
+PLAIN_CALLS = [
+    # (name, polyconv op and attributes, the hand-written lax call, src, weights)
+    ("forward NXC", lambda x, w: polyconv.convolution(x, w, strides=2, pads_begin=1,
+                                                      pads_end=2, dilations=(1, 2)),
+     lambda x, w: jax.lax.conv_general_dilated(
+         x, w, (2, 2), [(1, 2), (1, 2)], rhs_dilation=(1, 2),
+         dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=_HI),
+     (2, 9, 8, 4), (3, 3, 4, 6)),
+    ("forward NCX grouped", lambda x, w: polyconv.convolution(
+        x, w, strides=2, pads_begin=(0, 1), pads_end=1, groups=2, data_format="NCX",
+        weights_format="OIX"),
+     lambda x, w: jax.lax.conv_general_dilated(
+         x, w, (2, 2), [(0, 1), (1, 1)], dimension_numbers=("NCHW", "OIHW", "NCHW"),
+         feature_group_count=2, precision=_HI),
+     (2, 4, 9, 8), (6, 2, 3, 3)),
+    ("backward_data (ConvTranspose)", lambda x, w: polyconv.conv_transpose(
+        x, w, strides=2, pads_begin=1, pads_end=1, output_padding=1),
+     lambda x, w: jax.lax.conv_transpose(    # the kernel spec names the forward's I and O
+         x, w, (2, 2), [(1, 2), (1, 2)], dimension_numbers=("NHWC", "HWIO", "NHWC"),
+         transpose_kernel=True, precision=_HI),
+     (2, 5, 4, 6), (3, 3, 4, 6)),
+    ("backward_weights", lambda x, dy: polyconv.convolution_backward_weights(
+        x, dy, (3, 3), strides=2, pads_begin=1, pads_end=1),
+     lambda x, dy: jax.vjp(lambda w: jax.lax.conv_general_dilated(
+         x, w, (2, 2), [(1, 1), (1, 1)], dimension_numbers=("NHWC", "HWIO", "NHWC"),
+         precision=_HI), jnp.zeros((3, 3, 4, 6), x.dtype))[1](dy)[0],
+     (2, 9, 8, 4), (2, 5, 4, 6)),
+]
+
+
+@pytest.mark.parametrize(("name", "ours", "lax_call", "src", "weights"), PLAIN_CALLS,
+                         ids=[c[0] for c in PLAIN_CALLS])
+def test_the_plain_lowering_compiles_to_the_lax_calls_program(name, ours, lax_call, src,
+                                                              weights):
+    """Where the plain lowering (``direct``) runs, the compiled XLA program of a jitted
+    polyconv call holds the instructions of the hand-written ``lax`` call's and no others
+    (no pads, slices, transposes or copies of polyconv's own), and computes the same."""
+    rng = np.random.default_rng(12)
+    x = jnp.asarray(rng.standard_normal(src), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(weights), jnp.float32)
+    with polyconv.implementation("jax:direct"):
+        got = _opcodes(ours, x, w)
+        np.testing.assert_allclose(jax.jit(ours)(x, w), jax.jit(lax_call)(x, w), rtol=1e-5,
+                                   atol=1e-5)
+    assert "convolution" in got
+    assert got == _opcodes(lax_call, x, w)
+
+
+def test_a_plain_nxc_convolution_compiles_to_the_convolution_alone():
+    """Channels-last data and ``XIO`` weights are XLA's own layouts on the CPU: the compiled
+    program of a polyconv call the default policy gives the plain lowering holds the
+    convolution and nothing else."""
+    from polyconv_jax import _choice as jax_choice
+
+    x = jnp.ones((2, 9, 8, 4), jnp.float32)
+    w = jnp.ones((3, 3, 4, 6), jnp.float32)
+    plan = polyconv.infer_shape("convolution", x.shape, w.shape, strides=2,
+                                pads_begin=1).with_(dtype="float32")
+    assert jax_choice.choose("forward", plan, None) == "direct"
+    assert _opcodes(lambda x, w: polyconv.convolution(x, w, strides=2, pads_begin=1),
+                    x, w) == ["convolution"]
 
 
 @pytest.mark.parametrize(("attr", "value"), [("strides", jnp.array([2, 1])),

@@ -15,7 +15,7 @@ from polyconv.benchmarks import harness, report
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = sorted((ROOT / "docs" / "records").glob("*.json"))
 #: the benchmarks whose records the docs page draws
-DRAWN = ("corpus", "suite", "first-calls", "implementations")
+DRAWN = ("corpus", "suite", "first-calls", "implementations", "overhead")
 
 
 def _kind(m: dict) -> str:

@@ -74,13 +74,22 @@ def torch_probe(request, monkeypatch):
     for rank in (2, 3):
         monkeypatch.setitem(_lowering._CONV, rank, probe(rank, _lowering._CONV[rank]))
     before = knob.fp32_precision
-    _lowering._lower_cached.cache_clear()       # lowerings hold their convolution
+    _forget(_lowering)              # what holds the real convolution: made afresh
     knob.fp32_precision = "bf16"
     try:
         yield seen, knob
     finally:
         knob.fp32_precision = before
-        _lowering._lower_cached.cache_clear()
+        _forget(_lowering)
+
+
+def _forget(lowering) -> None:
+    """Drop every torch lowering and kernel made so far, and the calls that hold them."""
+    from polyconv import _dispatch
+
+    lowering._lower_cached.cache_clear()
+    lowering._kernel_cached.cache_clear()
+    _dispatch._DISPATCH.clear()
 
 
 def _in_threads(work, threads: int = 8) -> None:

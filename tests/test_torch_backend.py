@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("polyconv_torch")
 
 import polyconv_torch  # noqa: E402
-from polyconv_torch import _lowering  # noqa: E402
+from polyconv_torch import _lowering, _numerics  # noqa: E402
 
 import polyconv  # noqa: E402
 
@@ -215,6 +215,85 @@ def test_no_autograd_when_nothing_needs_a_gradient():
         assert polyconv.convolution(x, w).grad_fn is None
 
 
+def _graph_nodes(y) -> list[str]:
+    """The class names of every node of ``y``'s autograd graph."""
+    seen, stack, names = set(), [y.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=IDS)
+def test_differentiable_calls_record_atens_own_nodes(geometry, dtype):
+    """Under the user's own float32 setting (the CPU default), a differentiable call records
+    ATen's nodes, those of the hand-written torch call (the convolution's own backward,
+    both gradients in one call), and no Python autograd function."""
+    if torch.backends.mkldnn.conv.fp32_precision not in ("ieee", "none"):
+        pytest.skip("a reduced float32 precision is set process-wide")
+    family, x_shape, w_shape, attrs = geometry
+    fwd, _, _ = _ops(family, attrs)
+    rng = np.random.default_rng(7)
+    x, w = _tensor(rng, x_shape, dtype, True), _tensor(rng, w_shape, dtype, True)
+    nodes = _graph_nodes(fwd(x, w))
+    assert "ConvolutionBackward0" in nodes
+    assert not [n for n in nodes if n.endswith("BackwardCFunction") or "Primitive" in n]
+
+
+def _forget_kernels() -> None:
+    """Drop the torch lowerings and kernels made so far, and the calls that hold them."""
+    from polyconv import _dispatch
+
+    _lowering._lower_cached.cache_clear()
+    _lowering._kernel_cached.cache_clear()
+    _dispatch._DISPATCH.clear()
+
+
+def test_gradients_under_an_overridden_setting_keep_the_calls_precision(monkeypatch):
+    """Under a reduced process-wide oneDNN setting, which polyconv's float32 calls override,
+    the gradient runs under the call's setting too (through polyconv's own autograd
+    function, whose input gradient is a transposed convolution seen here): full float32
+    precision, the user's setting untouched."""
+    knob = torch.backends.mkldnn.conv
+    seen = []
+    real = _lowering._CONV_T[2]
+
+    def probe(*args, **kwargs):
+        seen.append(knob.fp32_precision)
+        return real(*args, **kwargs)
+
+    rng = np.random.default_rng(8)
+    x = _tensor(rng, (2, 12, 12, 64), torch.float32, True)
+    w = _tensor(rng, (3, 3, 64, 64), torch.float32, True)
+    attrs = {"pads_begin": 1, "pads_end": 1}
+    before = knob.fp32_precision
+    try:
+        knob.fp32_precision = "bf16"
+    except Exception as exc:  # pragma: no cover - a torch without the setting
+        pytest.skip(f"this torch cannot set oneDNN's float32 precision: {exc}")
+    monkeypatch.setitem(_lowering._CONV_T, 2, probe)
+    _forget_kernels()
+    try:
+        y = polyconv.convolution(x, w, **attrs)
+        g = _tensor(rng, y.shape, torch.float32)
+        gx, gw = torch.autograd.grad(y, (x, w), g)
+        assert knob.fp32_precision == "bf16"
+    finally:
+        knob.fp32_precision = before
+        monkeypatch.undo()
+        _forget_kernels()
+    assert seen == ["ieee"]
+    _bound_check(gx, "convolution_backward_data", (g, w), "float32", dst_shape=x.shape,
+                 **attrs)
+    _bound_check(gw, "convolution_backward_weights", (x, g), "float32",
+                 weights_shape=w.shape, **attrs)
+
+
 # --------------------------------------------------------------------------------------------
 # torch.compile
 # --------------------------------------------------------------------------------------------
@@ -239,6 +318,27 @@ def test_torch_compile_full_graph():
     torch.testing.assert_close(got, eager)
     torch.testing.assert_close(torch.autograd.grad(got, (x, w)),
                                torch.autograd.grad(eager, (x, w)))
+
+
+def test_torch_compile_full_graph_on_a_first_call():
+    """A call whose arguments polyconv meets for the first time inside the trace (its checks
+    and plan traced, not remembered from an eager call) compiles into one graph too."""
+    polyconv.get_backend("torch")
+    rng = np.random.default_rng(13)
+    x = _tensor(rng, (3, 11, 10, 5), torch.float32, True)   # shapes no other test uses
+    w = _tensor(rng, (5, 2, 3, 3), torch.float32, True)
+
+    def f(x, w):
+        y = polyconv.conv_transpose(x, w, strides=(2, 3), pads_begin=(1, 0), pads_end=1,
+                                    data_format="NXC", weights_format="IOX")
+        return y.square().sum()
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w)
+    grads = torch.autograd.grad(got, (x, w))
+    eager = f(x, w)
+    torch.testing.assert_close(got, eager)
+    torch.testing.assert_close(grads, torch.autograd.grad(eager, (x, w)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,17 +404,17 @@ def test_float32_precision_settings_of_a_torch_before_2_9(monkeypatch):
     cudnn = SimpleNamespace(allow_tf32=True)
     monkeypatch.setattr(torch.backends, "cudnn", cudnn)
     monkeypatch.setattr(torch.backends, "mkldnn", SimpleNamespace())
-    assert _lowering._knob("mkldnn") is None
-    knob = _lowering._knob("cudnn")
+    assert _numerics._knob("mkldnn") is None
+    knob = _numerics._knob("cudnn")
     assert knob.read() == "tf32"
-    monkeypatch.setitem(_lowering._KNOBS, "cuda", knob)
-    monkeypatch.setitem(_lowering._KNOBS, "cpu", None)
+    monkeypatch.setitem(_numerics._KNOBS, "cuda", knob)
+    monkeypatch.setitem(_numerics._KNOBS, "cpu", None)
     plan = polyconv.infer_shape("convolution", (1, 4, 4, 2), (3, 3, 2, 2)).with_(
         dtype="float32")
-    with _lowering._fp32_precision(plan, torch.device("cuda")):
+    with _numerics._fp32_precision(plan, torch.device("cuda")):
         assert cudnn.allow_tf32 is False
     assert cudnn.allow_tf32 is True
-    with _lowering._fp32_precision(plan.with_(precision="high"), torch.device("cuda")):
+    with _numerics._fp32_precision(plan.with_(precision="high"), torch.device("cuda")):
         assert cudnn.allow_tf32 is True
     rng = np.random.default_rng(7)
     x, w = _tensor(rng, (2, 6, 5, 3), torch.float32), _tensor(rng, (3, 2, 3, 4), torch.float32)
@@ -323,9 +423,9 @@ def test_float32_precision_settings_of_a_torch_before_2_9(monkeypatch):
 
 
 def test_precision_levels():
-    assert _lowering._level(None) == "HIGHEST"
-    assert _lowering._level("tensorfloat32") == "HIGH"
-    assert _lowering._level(("default", "highest")) == "DEFAULT"
+    assert _numerics._level(None) == "HIGHEST"
+    assert _numerics._level("tensorfloat32") == "HIGH"
+    assert _numerics._level(("default", "highest")) == "DEFAULT"
     with pytest.raises(ValueError, match="precision"):
         polyconv.convolution(torch.ones(1, 3, 1), torch.ones(1, 1, 1), precision="fast")
 

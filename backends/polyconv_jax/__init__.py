@@ -20,8 +20,10 @@ their derivative and batching rules: every cotangent is computed by polyconv's o
 primitives, and the jitted entry points). The docs page "JAX lowerings" has the formulas and
 the measurements.
 
-Each primitive is entered through a ``jax.jit`` function with the plan, precision and choice
-settings as static arguments: eager calls compile once per plan, and inside a user's
+Each primitive is entered through a ``jax.jit`` function of its arrays alone, one per plan,
+precision and choice settings (:func:`._primitives.entry`, picked once per plan by
+:meth:`JaxBackend.specialize` and per call by the settings in force): an eager call compiles
+once per plan and is then one dispatch of a cached jitted function, and inside a user's
 ``jax.jit``, ``jax.grad``, ``jax.vmap`` or ``shard_map`` it composes like JAX's own
 convolution. Sharded inputs keep their sharding (XLA propagates it; the batch axis stays
 sharded, weight gradients come back replicated).
@@ -108,6 +110,25 @@ class JaxBackend:
         static = (plan.with_(precision=None, op=plan.primitive), precision,
                   choice_settings())
         return static, arrays
+
+    def specialize(self, plan: ConvPlan) -> Any:
+        """The plan's primitive as a function of its arrays (see
+        :class:`polyconv.BackendHooks`): the plan and precision made static once, and per
+        call the choice settings in force picking its jitted entry
+        (:func:`polyconv_jax._primitives.entry`)."""
+        _tune_malloc_on_cpu()
+        static = plan.with_(precision=None, op=plan.primitive)
+        precision = canonical_precision(plan.op, plan.precision)
+        entries: dict[tuple, Any] = {}
+
+        def run(*arrays):
+            settings = choice_settings()
+            fn = entries.get(settings)
+            if fn is None:
+                fn = entries[settings] = _primitives.entry(static, precision, settings)
+            return fn(*prepare(plan, *arrays))
+
+        return run
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> Any:
         static, args = self._static(plan, a, w, bias)

@@ -179,22 +179,40 @@ def _finish(plan: ConvPlan, y, bias, channel_axis: int):
     return y.astype(plan.dtype)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def forward(plan: ConvPlan, precision, settings, a, w, bias=None):
+def _forward(plan: ConvPlan, precision, settings, a, w, bias=None):
     del settings  # part of the cache key only: the choice reads the settings in force
     return _finish(plan, bind("forward", plan, precision, a, w), bias, plan.channel_axis)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def backward_data(plan: ConvPlan, precision, settings, b, w, bias=None):
+def _backward_data(plan: ConvPlan, precision, settings, b, w, bias=None):
     del settings
     return _finish(plan, bind("backward_data", plan, precision, b, w), bias, plan.channel_axis)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def backward_weights(plan: ConvPlan, precision, settings, a, b):
+def _backward_weights(plan: ConvPlan, precision, settings, a, b):
     del settings
     return bind("backward_weights", plan, precision, a, b).astype(plan.dtype)
+
+
+forward = jax.jit(_forward, static_argnums=(0, 1, 2))
+backward_data = jax.jit(_backward_data, static_argnums=(0, 1, 2))
+backward_weights = jax.jit(_backward_weights, static_argnums=(0, 1, 2))
+_ENTRIES = {"forward": _forward, "backward_data": _backward_data,
+            "backward_weights": _backward_weights}
+
+
+def entry(plan: ConvPlan, precision, settings):
+    """``plan``'s primitive as a jitted function of its arrays alone, for this precision and
+    these choice settings: an eager call is then one dispatch of a cached jitted function,
+    with no static arguments to hash. ``plan`` (``op`` = its primitive, no precision) is
+    keyed on its geometry and dtype, so an op and its aliases share one."""
+    return _entry(plan, plan.dtype, precision, settings)
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry(plan: ConvPlan, dtype: str | None, precision, settings):
+    del dtype  # part of the key only: plans compare on their geometry alone
+    return jax.jit(functools.partial(_ENTRIES[plan.primitive], plan, precision, settings))
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ._common import (
     add_bias,
     canonical_weights,
     dtypes,
+    moveaxis,
     split_products,
     to_user_layout,
     weights_matrix,
@@ -204,7 +205,7 @@ def _forward_channels_first(plan: ConvPlan, grid: Grid, ch: _Channels, w4: np.nd
     if bias is not None:
         crop += np.asarray(bias).astype(acc).reshape(-1, *(1,) * (plan.ndim + 1))
     out = np.empty(plan.b_shape, dtype=out_dtype)
-    out[...] = np.moveaxis(crop, 0, 1)
+    out[...] = moveaxis(crop, 0, 1)
     return out
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
-from ._common import add_bias, channels_last_view, copy_channels_first, row_strides
+from ._common import add_bias, channels_last_view, copy_channels_first, moveaxis, row_strides
 
 
 class Grid:
@@ -90,7 +90,7 @@ class Grid:
             out_cl = out
         else:
             out = np.empty((plan.batch, channels, *plan.a_spatial), dtype=dtype)
-            out_cl = np.moveaxis(out, 1, -1)
+            out_cl = moveaxis(out, 1, -1)
         if len(self.phases) < math.prod(plan.strides):
             out_cl[...] = 0 if bias is None else np.asarray(bias).astype(plan.acc_dtype)
         return out, out_cl
@@ -101,7 +101,7 @@ class Grid:
         output: the one rounding to the output dtype."""
         plan, channels = self.plan, out_cl.shape[-1]
         if channels_first:
-            grid = np.moveaxis(rows.reshape(channels, plan.batch, *self.p), 0, -1)
+            grid = moveaxis(rows.reshape(channels, plan.batch, *self.p), 0, -1)
         else:
             grid = rows[: self.rows].reshape(plan.batch, *self.p, channels)
         add_bias(grid, bias)
@@ -122,7 +122,7 @@ class Grid:
         b_cl = channels_last_view(b, self.plan)
         rows = np.zeros((b_cl.shape[-1], lead + self.rows), dtype=acc)
         grid = rows[:, lead:].reshape(-1, self.plan.batch, *self.p)
-        grid[(slice(None), *self.small_index[:-1])] = np.moveaxis(b_cl, -1, 0)
+        grid[(slice(None), *self.small_index[:-1])] = moveaxis(b_cl, -1, 0)
         return rows
 
     def crop(self, b_rows: np.ndarray) -> np.ndarray:

@@ -43,7 +43,14 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
-from ._common import add_bias, canonical_weights, channels_last_view, dtypes, weights_matrix
+from ._common import (
+    add_bias,
+    canonical_weights,
+    channels_last_view,
+    dtypes,
+    moveaxis,
+    weights_matrix,
+)
 from ._costs import CALL_S, FILL_S, TRANSPOSE_S, Sizes, add, copy, gemm, sizes, strategy
 from ._window import as_forward
 
@@ -66,7 +73,7 @@ def _output(plan: ConvPlan, channels: int, spatial: tuple[int, ...], dtype: np.d
         out = np.empty((plan.batch, *spatial, channels), dtype=dtype)
         return out, out
     out = np.empty((plan.batch, channels, *spatial), dtype=dtype)
-    return out, np.moveaxis(out, 1, -1)
+    return out, moveaxis(out, 1, -1)
 
 
 class _Scratch:
@@ -245,7 +252,7 @@ class _PhaseSums:
             return
         n0, n1 = self.block
         full, plan = slice(None), self.plan
-        add_bias(np.moveaxis(self.buf.reshape(len(self.index), n1 - n0, plan.a_channels,
+        add_bias(moveaxis(self.buf.reshape(len(self.index), n1 - n0, plan.a_channels,
                                               *self.cells), 2, -1), bias)
         for r, i in self.index.items():
             win = self.ph.phase_window(r, self.cells)
@@ -279,7 +286,7 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     else:
         bv = b_arr.reshape(n, g, og, bsp[0], rest)
     out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
-    out_cf = np.moveaxis(out_cl, -1, 1).reshape(n, g, cg, *plan.a_spatial)
+    out_cf = moveaxis(out_cl, -1, 1).reshape(n, g, cg, *plan.a_spatial)
     sums, scratch = _PhaseSums(plan, acc), _Scratch(acc)
     single = phases(plan).one_tap_per_phase
     if single and not phases(plan).windows_cover:       # cells no tap reaches: the bias alone

@@ -31,7 +31,7 @@ import numpy as np
 from polyconv._geometry import ConvPlan
 from polyconv._phases import phases
 
-from ._common import canonical_weights, channels_last_view, dtypes, split_rows
+from ._common import canonical_weights, channels_last_view, dtypes, moveaxis, split_rows
 from ._costs import CALL_S, FILL_S, Sizes, copy, gemm, strategy
 
 #: bytes of the product one block interleaves (it and its copy stay in cache)
@@ -81,7 +81,7 @@ def _patches(plan: ConvPlan, b: Any, acc: np.dtype) -> np.ndarray:
         window = tuple(slice(o, o + n) for o, n in zip(offset, rows))
         out[(slice(None), *(slice(None),) * len(rows), t)] = x[(slice(None), *window)].reshape(
             (plan.batch, *rows, g, plan.b_channels // g))
-    out = np.moveaxis(out, -2, 0)                                 # [G, N, rows.., T, Og]
+    out = moveaxis(out, -2, 0)                                 # [G, N, rows.., T, Og]
     return out.reshape((g, -1, out.shape[-2] * out.shape[-1]))
 
 

@@ -34,7 +34,15 @@ from polyconv._geometry import ConvPlan
 from polyconv._phases import adjoint_phases
 
 from . import _depthwise
-from ._common import add_bias, canonical_weights, dtypes, in_range, split_rows, to_user_layout
+from ._common import (
+    add_bias,
+    canonical_weights,
+    dtypes,
+    in_range,
+    moveaxis,
+    split_rows,
+    to_user_layout,
+)
 from ._costs import FILL_S, Sizes, sizes, strategy
 
 _BLOCK_BYTES = 1 << 18      # output values of one block (with its buffer, stays in cache)
@@ -141,7 +149,7 @@ def as_forward(plan: ConvPlan) -> ConvPlan | None:
 
 def _taps_by_channel(plan: ConvPlan, w: Any, acc: np.dtype) -> np.ndarray:
     """The depthwise weights as ``[K.., C]``: tap-major, channel-minor."""
-    return np.ascontiguousarray(np.moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
+    return np.ascontiguousarray(moveaxis(canonical_weights(w, plan, acc)[:, 0], 0, -1))
 
 
 def _sums(plan: ConvPlan, a: np.ndarray, wk: np.ndarray, out: np.ndarray) -> None:
@@ -237,7 +245,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
         return dw
 
     dw = sum(win.split(work), np.zeros((*plan.kernel, plan.b_channels), dtype=acc))
-    canon = np.moveaxis(dw, -1, 0)[:, None]                  # [Cb, 1, K..]
+    canon = moveaxis(dw, -1, 0)[:, None]                  # [Cb, 1, K..]
     return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
                                 dtype=out_dtype)
 

@@ -16,10 +16,15 @@ CUDA cuDNN; results are torch tensors on the input's device. Picked automaticall
   the caller passes ``precision="high"`` (``"default"`` keeps torch's global setting);
   float16/bfloat16 accumulate in float32 with one rounding (natively where cuDNN does that,
   else, and always on CPU, computed in float32 and rounded once).
-* Autograd: each primitive is a :class:`torch.autograd.Function` whose gradients are
-  polyconv's own primitives (the adjoint identities), so ``torch.autograd.grad`` of a
-  polyconv op equals polyconv's backward ops, double backward included; ``torch.func``
-  transforms it and ``torch.compile`` traces it.
+* Autograd: a call is torch's own ops, so autograd records ATen's own nodes, whose
+  convolution backward is the adjoint primitives (``torch.autograd.grad`` of a polyconv op
+  equals polyconv's backward ops, double backward included); where a float32 call runs
+  under another setting than the user's (TF32 off on CUDA), a
+  :class:`torch.autograd.Function` whose gradients are polyconv's own primitives, run under
+  that setting. ``torch.func`` transforms either, ``torch.compile`` traces either.
+* Overhead: what depends on the plan alone is decided once per plan
+  (:meth:`TorchBackend.specialize`), so a repeated call permutes views, checks the float32
+  setting and calls torch.
 
 See :mod:`polyconv_torch._lowering` for the lowering and :mod:`polyconv_torch._autograd` for
 the gradients.
@@ -36,7 +41,7 @@ import torch
 from polyconv import ConvPlan, Samples
 from polyconv._limits import IndexLimits
 
-from . import _autograd, _lowering
+from . import _autograd, _numerics
 
 __all__ = ["BACKEND", "TorchBackend"]
 
@@ -78,6 +83,13 @@ class TorchBackend:
             return _generic().backward_weights(plan, a, b)
         return _autograd.apply("backward_weights", plan, a, b)
 
+    def specialize(self, plan: ConvPlan) -> Any:
+        """The plan's primitive as a function of its tensors, decided once per plan
+        (:func:`polyconv_torch._autograd.specialize`)."""
+        if plan.ndim not in _NATIVE_RANKS:
+            return functools.partial(getattr(_generic(), plan.primitive), plan)
+        return _autograd.specialize(plan)
+
     # --- facts (polyconv.BackendHooks) -------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """torch's version and devices: the CPU with its oneDNN version, each CUDA device with
@@ -95,7 +107,7 @@ class TorchBackend:
         how = engine(device)
         if device == "cpu" and dtype == "float64":
             how = "ATen; oneDNN has no float64"
-        elif dtype in ("float16", "bfloat16") and not _lowering._native_16bit(
+        elif dtype in ("float16", "bfloat16") and not _numerics._native_16bit(
                 device, getattr(torch, dtype), False):
             how += ", computed in float32"
         return Samples(f"torch {device} ({how})", lambda x: to_tensor(x, device),

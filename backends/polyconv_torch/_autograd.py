@@ -1,8 +1,20 @@
-"""Autograd for the three primitives: every gradient is computed by polyconv's own primitives.
+"""Autograd for the three primitives.
 
-Each primitive is bilinear, and the adjoint identities of the canonical convolution
-(``<F(a, W), b> = <a, D(b, W)> = <W, Wt(a, b)>``) say which primitive computes the gradient of
-each input from the output's gradient ``g``:
+A primitive's torch ops (views, ``F.pad``, torch's convolution, a crop) are differentiable
+as they are, and ATen's derivative of its convolution is its own ``convolution_backward``,
+which computes both gradients in one call: the adjoint primitives of the canonical
+convolution, the ones polyconv's backward ops run. So a call records ATen's own autograd
+nodes, the graph a hand-written torch call records, and costs no more
+(:func:`specialize`); ``torch.func`` transforms, ``torch.compile`` and CUDA graphs take it
+as they take torch's own convolution.
+
+Except where the call's float32 setting is not the user's (TF32 off on CUDA by default, or a
+reduced process-wide oneDNN setting overridden, see :func:`polyconv_torch._lowering._precision`):
+ATen's backward would run under the user's setting, so there each primitive is a
+:class:`torch.autograd.Function` whose gradients are polyconv's own primitives, run under
+the call's setting. Each primitive is bilinear, and the adjoint identities
+(``<F(a, W), b> = <a, D(b, W)> = <W, Wt(a, b)>``) say which primitive computes the
+gradient of each input from the output's gradient ``g``:
 
 ==================  =====================  =====================
 primitive           gradient of 1st input  gradient of 2nd input
@@ -13,14 +25,14 @@ backward_weights    D(b, g)                F(a, g)
 ==================  =====================  =====================
 
 and the bias gradient is ``g`` summed over every axis but channels (in float32 for 16-bit
-inputs, rounded once). One :class:`torch.autograd.Function` carries the table; its backward
-calls the primitives through :func:`apply`, so the backward is itself differentiable (double
-backward, Hessian-vector products) by the same rule. Calls where no input requires a gradient
-(or under ``torch.no_grad``) skip autograd entirely.
+inputs, rounded once). The backward calls the primitives through :func:`apply`, so it is
+itself differentiable (double backward, Hessian-vector products) by the same rule.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +40,7 @@ import torch
 from polyconv._geometry import ConvPlan
 from polyconv._optable import ADJOINTS
 
-from . import _lowering
+from . import _lowering, _numerics
 
 # torch.autograd.Function.apply's own steps, for Primitive.apply (absent in some torch
 # versions: then Primitive takes torch's apply as it is)
@@ -46,14 +58,28 @@ def _needs_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _overridden(plan: ConvPlan, x: torch.Tensor) -> bool:
+    return plan.dtype == "float32" and _numerics.overridden(
+        _numerics._level(plan.precision), _lowering._device_type(x))
+
+
 def apply(primitive: str, plan: ConvPlan, x: torch.Tensor, y: torch.Tensor,
           bias: Any = None) -> torch.Tensor:
-    """The primitive on torch tensors, through autograd when an input needs a gradient."""
-    if _needs_grad(x, y, bias):
+    """The primitive on torch tensors, through :class:`Primitive` when an input needs a
+    gradient that must run under the call's own float32 setting."""
+    if _needs_grad(x, y, bias) and _overridden(plan, x):
         return Primitive.apply(primitive, plan, x, y, bias)
     if primitive == "backward_weights":
         return RAW[primitive](plan, x, y)
     return RAW[primitive](plan, x, y, bias)
+
+
+def specialize(plan: ConvPlan) -> Callable[..., torch.Tensor]:
+    """The plan's primitive as a function of its tensors, decided once per plan: ATen's ops
+    and autograd (:func:`polyconv_torch._lowering.kernel`), or :class:`Primitive` for a
+    differentiable float32 call under an overridden setting."""
+    return _lowering.kernel(plan, differentiable=functools.partial(
+        Primitive.apply, plan.primitive, plan))
 
 
 class Primitive(torch.autograd.Function):

@@ -27,28 +27,25 @@ the fast format of oneDNN and cuDNN, so torch computes in it and its result perm
 a contiguous ``NXC`` tensor; the weights are permuted to ``[Cb, Ca/G, K..]`` as a view. Every
 result is a contiguous tensor in the user's layout.
 
-Numerics: float32/float64 accumulate in their own dtype (no TF32 on CUDA unless the caller
-asks through ``precision``, see :func:`_fp32_precision`). float16/bfloat16 run natively where
-the engine accumulates in float32 and adds the bias before its one rounding and is trusted to
-(cuDNN without bias, grouped weight gradients excepted; not oneDNN, see
-:data:`CPU_NATIVE_16BIT`); elsewhere the inputs are cast to float32, computed there and
-rounded once (:func:`_upcast`).
+Numerics (:mod:`polyconv_torch._numerics`): 16-bit inputs computed in float32 where torch's
+own 16-bit convolution would not accumulate in float32 with one rounding; float32 at full
+precision unless the caller asks otherwise through ``precision``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from polyconv._geometry import PRECISION_NAMES, ConvPlan
+from polyconv._geometry import ConvPlan
+
+from ._numerics import _NO_CHANGE, _level, _precision, _upcast, overridden
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -133,197 +130,6 @@ def lowering(plan: ConvPlan) -> Lowering:
 
 
 # --------------------------------------------------------------------------------------------
-# numerics: 16-bit accumulation and float32 precision
-# --------------------------------------------------------------------------------------------
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _onednn_16bit() -> dict[torch.dtype, bool]:
-    if not torch.backends.mkldnn.is_available():
-        return {torch.bfloat16: False, torch.float16: False}
-    mkldnn = torch.ops.mkldnn
-    return {torch.bfloat16: bool(mkldnn._is_mkldnn_bf16_supported()),
-            torch.float16: bool(mkldnn._is_mkldnn_fp16_supported())}
-
-
-#: whether oneDNN runs each 16-bit dtype natively on this CPU (then torch always takes it)
-ONEDNN_16BIT = _onednn_16bit()
-#: whether polyconv lets oneDNN's native 16-bit convolutions compute on a CPU that has them.
-#: It does not: with PyTorch 2.13's oneDNN 3.12 on a Xeon with AVX512-BF16, AVX512-FP16 and
-#: AMX, bfloat16 convolutions whose last output axis has one position and a stride above one
-#: returned garbage (errors up to 1e38, 17 of 1500 random small plans, 2-D and 3-D), and a
-#: float16 1-D convolution of a one-sample input with padding, stride 2 and dilation 2
-#: crashed the process. Computing in float32 and rounding once meets the same bound.
-CPU_NATIVE_16BIT = False
-
-
-def _native_16bit(device_type: str, dtype: torch.dtype, bias: bool,
-                  grouped_weights: bool = False) -> bool:
-    """Whether torch's own 16-bit convolution accumulates in float32 and rounds once.
-
-    CPU: oneDNN does (bias inside the accumulator) where the CPU has native support for the
-    dtype, and torch then always takes oneDNN; elsewhere torch's fallback may round partial
-    sums. polyconv takes neither on CPU (:data:`CPU_NATIVE_16BIT`: oneDNN's native 16-bit
-    kernels gave wrong results and a crash on some plans). CUDA: cuDNN's convolutions
-    accumulate in float32, but torch adds the bias afterwards, in 16 bits; and its grouped
-    weight gradients (``grouped_weights``) may round partial sums of the reduction over
-    batch and positions to 16 bits (seen on depthwise plans, cuDNN 9.19 on an H100: errors
-    2-6x the one-rounding bound; the ungrouped ones of the same test grid were within it).
-    """
-    if device_type == "cpu":
-        return CPU_NATIVE_16BIT and ONEDNN_16BIT[dtype]
-    return device_type == "cuda" and not bias and not grouped_weights
-
-
-def _upcast(dtype: torch.dtype, device: torch.device, bias: bool,
-            grouped_weights: bool) -> bool:
-    return dtype in _HALF and not _native_16bit(device.type, dtype, bias, grouped_weights)
-
-
-def _level(precision: Any) -> str:
-    """``plan.precision`` as one of ``DEFAULT``, ``HIGH``, ``HIGHEST`` (``None``: HIGHEST)."""
-    if isinstance(precision, (tuple, list)):
-        precision = precision[0]
-    if precision is None:
-        return "HIGHEST"
-    if not isinstance(precision, str):
-        return getattr(precision, "name", "HIGHEST")  # a jax.lax.Precision
-    return PRECISION_NAMES[precision.lower()]
-
-
-_NO_CHANGE = contextlib.nullcontext()
-
-
-class _Knob:
-    """A process-wide float32 precision setting for convolutions, as ``read()`` and
-    ``write(value)`` of torch's values (``"ieee"``, ``"tf32"``, ``"bf16"``, ``"none"``)."""
-
-    __slots__ = ("read", "write")
-
-    def __init__(self, read: Callable[[], str], write: Callable[[str], None]):
-        self.read, self.write = read, write
-
-
-def _knob(name: str) -> _Knob | None:
-    """``torch.backends.<name>.conv.fp32_precision`` (torch 2.9 on), through torch's C getter
-    and setter: the knob object answers through ``__getattr__``, after a failed attribute
-    lookup, 2-5 us a read on every float32 call. Before torch 2.9: cuDNN's ``allow_tf32``
-    flag, read as ``"tf32"`` or ``"ieee"``; oneDNN then had no reduced float32 setting."""
-    module = getattr(torch.backends, name)
-    knob = getattr(module, "conv", None)
-    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
-    setter = getattr(torch._C, "_set_fp32_precision_setter", None)
-    if hasattr(knob, "fp32_precision"):
-        if getter is not None and setter is not None and hasattr(knob, "backend"):
-            return _Knob(partial(getter, knob.backend, knob.op),
-                         partial(setter, knob.backend, knob.op))
-        return _Knob(lambda: knob.fp32_precision,  # pragma: no cover - no C getter
-                     lambda value: setattr(knob, "fp32_precision", value))
-    if name == "cudnn" and hasattr(module, "allow_tf32"):  # torch < 2.9
-        return _Knob(lambda: "tf32" if module.allow_tf32 else "ieee",
-                     lambda value: setattr(module, "allow_tf32", value == "tf32"))
-    return None  # torch < 2.9 on the CPU
-
-
-_KNOBS = {"cpu": _knob("mkldnn"), "cuda": _knob("cudnn")}
-
-
-class _Shared:
-    """One knob's setting while polyconv calls run, shared by every thread.
-
-    torch's float32 precision is process-wide (``at::Context``; no per-thread or per-call form
-    for convolutions), so one call's override is every running call's. Calls that need the
-    same value run together: the first sets it, the last restores the user's value; a call
-    that needs another value waits until they are done. A call never sees another call's
-    setting, nor has its own undone while it runs."""
-
-    __slots__ = ("cond", "count", "knob", "saved", "value")
-
-    def __init__(self, knob: _Knob):
-        self.knob, self.cond = knob, threading.Condition(threading.Lock())
-        self.count, self.value, self.saved = 0, None, None
-
-    def user(self) -> str:
-        """The user's own setting (under :attr:`cond`): saved while calls run."""
-        return self.saved if self.count else self.knob.read()
-
-
-class _Setting:
-    """A float32 call's knob value, decided from the user's own setting under the lock and
-    held for the whole block (a class: cheaper per call than a generator context manager)."""
-
-    __slots__ = ("cpu", "level", "shared")
-
-    def __init__(self, shared: _Shared, level: str, cpu: bool):
-        self.shared, self.level, self.cpu = shared, level, cpu
-
-    def __enter__(self) -> None:
-        shared = self.shared
-        with shared.cond:
-            while True:
-                user = shared.user()
-                want = _wanted(user, self.level, self.cpu)
-                if shared.count == 0:
-                    if want != user:
-                        shared.knob.write(want)
-                    shared.saved, shared.value = user, want
-                    break
-                if shared.value == want:
-                    break
-                shared.cond.wait()
-            shared.count += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        shared = self.shared
-        with shared.cond:
-            shared.count -= 1
-            if shared.count == 0:
-                if shared.value != shared.saved:
-                    shared.knob.write(shared.saved)
-                shared.cond.notify_all()
-
-
-def _wanted(user: str, level: str, cpu: bool) -> str:
-    """The knob value a float32 call at ``level`` runs under, given the user's ``user``."""
-    # oneDNN's float32 is IEEE unless reduced process-wide (and there is no TF32 to allow)
-    if cpu and user in ("ieee", "none"):
-        return user
-    want = "ieee" if level == "HIGHEST" else "tf32"
-    if level == "DEFAULT" or (cpu and want == "tf32"):
-        return user
-    return want
-
-
-_SHARED: dict[_Knob, _Shared] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def _shared(knob: _Knob) -> _Shared:
-    """The one :class:`_Shared` of ``knob``."""
-    shared = _SHARED.get(knob)
-    if shared is None:
-        with _SHARED_LOCK:
-            shared = _SHARED.setdefault(knob, _Shared(knob))
-    return shared
-
-
-def _fp32_precision(plan: ConvPlan, device: torch.device) -> contextlib.AbstractContextManager:
-    """Full-precision float32 (IEEE) unless the caller opted in: on CUDA, cuDNN's default
-    for convolutions is TF32; ``precision="high"`` allows TF32, ``"default"`` leaves torch's
-    own setting. On CPU, a process-wide reduced-precision oneDNN setting is overridden too.
-    Concurrent calls share the override (:class:`_Shared`)."""
-    if plan.dtype != "float32" or torch.compiler.is_compiling():
-        # a compiled graph runs under the process-wide setting (torch.compile cannot trace
-        # the change of a global flag; docs/backends.md says so)
-        return _NO_CHANGE
-    knob = _KNOBS.get(device.type)
-    if knob is None:
-        return _NO_CHANGE
-    return _Setting(_shared(knob), _level(plan.precision), device.type == "cpu")
-
-
-# --------------------------------------------------------------------------------------------
 # the primitives (no autograd)
 # --------------------------------------------------------------------------------------------
 
@@ -368,52 +174,189 @@ def _cast(plan: ConvPlan, *tensors: Any, bias: bool,
     return tuple(None if t is None else t.float() for t in tensors)
 
 
-def forward(plan: ConvPlan, a: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
+def kernel(plan: ConvPlan, primitive: str | None = None,
+           differentiable: Callable[..., torch.Tensor] | None = None,
+           ) -> Callable[..., torch.Tensor]:
+    """The primitive (default: the plan's own) as a function of its tensors (``a, w,
+    bias=None``, ``b, w, bias=None`` or ``a, b``), everything that depends on the plan alone
+    decided here, once: a call then permutes views, checks the float32 setting, calls torch
+    and, where needed, pads its input or crops its output. Its torch ops are differentiable
+    as they are (ATen's own derivatives), except that a float32 call whose setting is not
+    the user's and that needs a gradient is handed to ``differentiable`` when given (see
+    :mod:`polyconv_torch._autograd`)."""
+    return _KERNELS[primitive or plan.primitive](plan, lowering(plan), differentiable)
+
+
+@lru_cache(maxsize=4096)
+def _kernel_cached(plan: ConvPlan, primitive: str, dtype: str | None,
+                   level: str) -> Callable[..., torch.Tensor]:
+    return kernel(plan, primitive)
+
+
+def kernel_cached(plan: ConvPlan, primitive: str) -> Callable[..., torch.Tensor]:
+    """:func:`kernel` of ``primitive`` on ``plan`` without a ``differentiable`` hand-over,
+    cached per plan, dtype and precision (a plan compares on its geometry alone), built
+    afresh while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return kernel(plan, primitive)
+    return _kernel_cached(plan, primitive, plan.dtype, _level(plan.precision))
+
+
+def _device_type(x: torch.Tensor) -> str:
+    return "cpu" if x.is_cpu else x.device.type
+
+
+def _short(*values: tuple[int, ...], defaults: tuple[int, ...]) -> tuple:
+    """torch convolution arguments after the tensors: each one an int where every axis has
+    the same value (torch broadcasts it), trailing defaults left out. torch parses a tuple
+    argument in about 0.25 us, a tenth of a small call's whole Python cost."""
+    out = [v[0] if isinstance(v, tuple) and v and len(set(v)) == 1 else v for v in values]
+    while out and out[-1] == defaults[len(out) - 1]:
+        out.pop()
+    return tuple(out)
+
+
+def _grad_needed(*tensors: Any) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _forward(plan: ConvPlan, low: Lowering, differentiable) -> Callable[..., torch.Tensor]:
     """``a`` ``[N, Ca, A..]``, weights -> ``b`` ``[N, Cb, B..]`` (+ bias over Cb)."""
-    low = lowering(plan)
-    dtype = a.dtype
-    wide = _cast(plan, a, w, bias, bias=bias is not None)
-    if wide is not None:
-        a, w, bias = wide
-    with _fp32_precision(plan, a.device):
-        y = low.conv(_pad(_ncx(a, low), low), _canonical_weights(w, low), bias, low.stride,
-                     low.padding, low.dilation, low.groups)
-    return _data_out(y, low, dtype)
+    f32, half, level = plan.dtype == "float32", plan.dtype in _HALF_NAMES, _level(
+        plan.precision)
+    conv, extra_pad, to_ncx, w_perm, out_perm = (low.conv, low.extra_pad, low.to_ncx,
+                                                 low.w_canonical, low.from_ncx)
+    lift = 1 if low.lift else None
+    plain_out = out_perm is None and lift is None and not half   # one copy at most
+    args = _short(low.stride, low.padding, low.dilation, low.groups,
+                  defaults=(1, 0, 1, 1))
+
+    def forward(a: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
+        dtype, setting = a.dtype, None
+        if f32:
+            setting = _precision(level, "cpu" if a.is_cpu else a.device.type)
+            if (setting is not None and differentiable is not None
+                    and _grad_needed(a, w, bias) and overridden(level, _device_type(a))):
+                return differentiable(a, w, bias)
+        elif half:
+            wide = _cast(plan, a, w, bias, bias=bias is not None)
+            if wide is not None:
+                a, w, bias = wide
+        if lift is not None:
+            a = a.unsqueeze(1)
+        if to_ncx is not None:
+            a = a.permute(to_ncx)
+        if extra_pad is not None:
+            a = F.pad(a, extra_pad)
+        if w_perm is not None:
+            w = w.permute(w_perm)
+        if lift is not None:
+            w = w.unsqueeze(2)
+        if setting is None:
+            y = conv(a, w, bias, *args)
+        else:
+            with setting:
+                y = conv(a, w, bias, *args)
+        return y.contiguous() if plain_out else _user(y, out_perm, dtype, lift)
+
+    return forward
+
+
+def _backward_data(plan: ConvPlan, low: Lowering,
+                   differentiable) -> Callable[..., torch.Tensor]:
+    """``b`` ``[N, Cb, B..]``, weights -> ``a`` ``[N, Ca, A..]`` (+ bias over Ca)."""
+    f32, half, level = plan.dtype == "float32", plan.dtype in _HALF_NAMES, _level(
+        plan.precision)
+    conv_t, crop, to_ncx, w_perm, out_perm = (low.conv_t, low.crop, low.to_ncx,
+                                              low.w_canonical, low.from_ncx)
+    lift = 1 if low.lift else None
+    plain_out = out_perm is None and lift is None and not half   # one copy at most
+    args = _short(low.stride, low.padding, low.output_padding, low.groups, low.dilation,
+                  defaults=(1, 0, 0, 1, 1))
+
+    def backward_data(b: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
+        dtype, setting = b.dtype, None
+        if f32:
+            setting = _precision(level, "cpu" if b.is_cpu else b.device.type)
+            if (setting is not None and differentiable is not None
+                    and _grad_needed(b, w, bias) and overridden(level, _device_type(b))):
+                return differentiable(b, w, bias)
+        elif half:
+            wide = _cast(plan, b, w, bias, bias=bias is not None)
+            if wide is not None:
+                b, w, bias = wide
+        if lift is not None:
+            b = b.unsqueeze(1)
+        if to_ncx is not None:
+            b = b.permute(to_ncx)
+        if w_perm is not None:
+            w = w.permute(w_perm)
+        if lift is not None:
+            w = w.unsqueeze(2)
+        if setting is None:
+            y = conv_t(b, w, bias, *args)
+        else:
+            with setting:
+                y = conv_t(b, w, bias, *args)
+        for axis, start, length in crop:
+            y = y.narrow(axis, start, length)
+        return y.contiguous() if plain_out else _user(y, out_perm, dtype, lift)
+
+    return backward_data
+
+
+def _backward_weights(plan: ConvPlan, low: Lowering,
+                      differentiable) -> Callable[..., torch.Tensor]:
+    """``a``, ``b`` -> weights in the user's ``weights_format``."""
+    f32, half, level = plan.dtype == "float32", plan.dtype in _HALF_NAMES, _level(
+        plan.precision)
+    empty = plan.batch == 0 or math.prod(plan.b_spatial) == 0
+    shape = plan.w_shape
+    if low.lift:
+        shape = (*shape[:2], 1, *shape[2:])
+    zeros = (0,) * len(low.stride)
+
+    def backward_weights(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        dtype, setting = a.dtype, None
+        if empty:
+            return a.new_zeros(plan.weights_shape)
+        if f32:
+            setting = _precision(level, "cpu" if a.is_cpu else a.device.type)
+            if (setting is not None and differentiable is not None
+                    and _grad_needed(a, b) and overridden(level, _device_type(a))):
+                return differentiable(a, b, None)
+        elif half:
+            wide = _cast(plan, a, b, bias=False, weights=True)
+            if wide is not None:
+                a, b = wide
+        with setting or _NO_CHANGE:
+            g = torch.ops.aten.convolution_backward(
+                _ncx(b, low), _pad(_ncx(a, low), low), b.new_empty(1).expand(shape), None,
+                low.stride, low.padding, low.dilation, False, zeros, low.groups,
+                (False, True, False))[1]
+        if low.lift:
+            g = g.squeeze(2)
+        return _user(g, low.w_user, dtype)
+
+    return backward_weights
+
+
+_KERNELS = {"forward": _forward, "backward_data": _backward_data,
+            "backward_weights": _backward_weights}
+_HALF_NAMES = ("float16", "bfloat16")
+
+
+def forward(plan: ConvPlan, a: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
+    """The forward primitive of ``plan`` (:func:`kernel`)."""
+    return kernel_cached(plan, "forward")(a, w, bias)
 
 
 def backward_data(plan: ConvPlan, b: torch.Tensor, w: torch.Tensor,
                   bias: Any = None) -> torch.Tensor:
-    """``b`` ``[N, Cb, B..]``, weights -> ``a`` ``[N, Ca, A..]`` (+ bias over Ca)."""
-    low = lowering(plan)
-    dtype = b.dtype
-    wide = _cast(plan, b, w, bias, bias=bias is not None)
-    if wide is not None:
-        b, w, bias = wide
-    with _fp32_precision(plan, b.device):
-        y = low.conv_t(_ncx(b, low), _canonical_weights(w, low), bias, low.stride,
-                       low.padding, low.output_padding, low.groups, low.dilation)
-    for axis, start, length in low.crop:
-        y = y.narrow(axis, start, length)
-    return _data_out(y, low, dtype)
+    """The backward_data primitive of ``plan`` (:func:`kernel`)."""
+    return kernel_cached(plan, "backward_data")(b, w, bias)
 
 
 def backward_weights(plan: ConvPlan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a``, ``b`` -> weights in the user's ``weights_format``."""
-    low = lowering(plan)
-    dtype = a.dtype
-    if plan.batch == 0 or math.prod(plan.b_spatial) == 0:
-        return a.new_zeros(plan.weights_shape)
-    wide = _cast(plan, a, b, bias=False, weights=True)
-    if wide is not None:
-        a, b = wide
-    shape = plan.w_shape
-    if low.lift:
-        shape = (*shape[:2], 1, *shape[2:])
-    with _fp32_precision(plan, a.device):
-        g = torch.ops.aten.convolution_backward(
-            _ncx(b, low), _pad(_ncx(a, low), low), b.new_empty(1).expand(shape), None,
-            low.stride, low.padding, low.dilation, False, (0,) * len(low.stride), low.groups,
-            (False, True, False))[1]
-    if low.lift:
-        g = g.squeeze(2)
-    return _user(g, low.w_user, dtype)
+    """The backward_weights primitive of ``plan`` (:func:`kernel`)."""
+    return kernel_cached(plan, "backward_weights")(a, b)

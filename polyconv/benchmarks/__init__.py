@@ -24,6 +24,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                           "on the corpus's layers"),
     "--policy-check": ("policy_check", "each backend's default pick against recorded "
                        "measurements (no timing)"),
+    "--overhead": ("overhead", "what polyconv adds around one call, beside each framework's "
+                   "own call (tiny layers and a few corpus layers)"),
 }
 
 

@@ -422,18 +422,37 @@ def _kind_order(kind: str) -> tuple[int, str]:
     return (list(KINDS).index(kind) if kind in KINDS else len(KINDS), kind)
 
 
+def overhead_markdown(record: dict[str, Any]) -> str:
+    """Per run (thread count, device), each case's call under polyconv beside the framework's
+    own, in microseconds."""
+    lines = []
+    for run in runs(record):
+        lines += [f"Threads: {run['threads']}, device: {run['device']}.", "",
+                  "| case | framework | call | framework's own (us) | polyconv (us) | ratio |",
+                  "|---|---|---|---|---|---|"]
+        for r in run["rows"]:
+            ref = r.get("reference")
+            own = f"{r[ref + '_us']:.1f} ({ref})" if ref else ""
+            ratio = f"{r['ratio']:.2f}" if ref else ""
+            lines.append(f"| {r['case']} | {r['framework']} | {r['what']} | {own} | "
+                         f"{r['polyconv_us']:.1f} | {ratio} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def docs_pages(directory: Path, out: Path) -> None:
     """The benchmarks page's generated parts (``out/benchmarks-<benchmark>.md`` and their
     plots), one section per machine kind that has a record, drawn from its record."""
     found = records(directory)
-    for benchmark in ("corpus", "suite", "first-calls", "implementations"):
+    for benchmark in ("corpus", "suite", "first-calls", "implementations", "overhead"):
         parts = []
         for kind in sorted(found.get(benchmark, {}), key=_kind_order):
             record = json.loads(found[benchmark][kind].read_text())
             name = KINDS.get(kind, kind)
             heading = {"corpus": name, "suite": f"The suite on a {name}",
                        "first-calls": f"First calls on a {name}",
-                       "implementations": f"Every implementation on a {name}"}[benchmark]
+                       "implementations": f"Every implementation on a {name}",
+                       "overhead": f"Per-call overhead on a {name}"}[benchmark]
             parts += [f"### {heading}", "",
                       f"Record: `docs/records/{found[benchmark][kind].name}`.", ""]
             if benchmark == "corpus":
@@ -446,6 +465,8 @@ def docs_pages(directory: Path, out: Path) -> None:
                           f"![GFLOP/s per case and competitor](suite-{kind}.png)", ""]
             elif benchmark == "first-calls":
                 parts.append(first_calls_markdown(record))
+            elif benchmark == "overhead":
+                parts.append(overhead_markdown(record))
             else:
                 parts.append(implementations_markdown(record))
         text = "\n".join(parts) or ("No record yet: `nox -s bench` measures this machine "
