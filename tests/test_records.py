@@ -105,3 +105,23 @@ def test_the_summary_takes_each_rows_latest_run_and_the_ratios_arithmetic():
     assert s["jax/torch"]["gradient"] == pytest.approx(0.25)
     assert s["jax/torch"]["worst"][0] == (3.0, "L", "forward")
     assert s["jax/lax"]["rows"] == 2 and s["jax/lax"]["all"] == pytest.approx(0.5)
+
+
+def test_an_overhead_record_is_written_and_drawn(tmp_path):
+    # a tiny run of `polyconv bench --overhead` on the numpy backend alone: its record has a
+    # row per call with a positive time, and the page draws it per thread count
+    from polyconv._cli import main
+
+    records = tmp_path / "records"
+    records.mkdir()
+    path = records / "overhead-avx2.json"
+    assert main(["bench", "--overhead", "--tiny", "--frameworks", "numpy", "--threads", "1",
+                 "--rounds", "1", "--budget", "0.001", "--out", str(path)]) == 0
+    record = json.loads(path.read_text())
+    (run,) = harness.runs(record)
+    assert run["threads"] == 1 and run["rows"]
+    assert all(r["framework"] == "numpy" and r["polyconv_us"] > 0 for r in run["rows"])
+    report.docs_pages(records, tmp_path)
+    text = (tmp_path / "benchmarks-overhead.md").read_text()
+    assert "### Per-call overhead on a CPU with AVX2 (no AVX-512)" in text
+    assert text.count("| numpy |") == len(run["rows"])

@@ -31,6 +31,8 @@ import numpy as np
 
 import polyconv
 
+from .harness import time_calls
+
 _THREADS_ENV = "POLYCONV_BENCH_THREADS"   # what polyconv.benchmarks.suite.machine() reports
 
 
@@ -87,23 +89,33 @@ def _calls_for(fn: Callable[[], Any], sync: Callable[[Any], Any], budget: float)
     return max(3, min(20000, int(budget / once)))
 
 
+class _Waited:
+    """``fn`` as the harness times it: a call waited for, or ``n`` calls issued back to back
+    and the last waited for (:func:`~polyconv.benchmarks.harness.timed_call`'s queued calls:
+    what an eager JAX or CUDA call costs the host)."""
+
+    def __init__(self, fn: Callable[[], Any], sync: Callable[[Any], Any]) -> None:
+        self.fn, self.sync = fn, sync
+
+    def __call__(self) -> Any:
+        return self.sync(self.fn())
+
+    def queued(self, n: int) -> None:
+        for _ in range(n):
+            out = self.fn()
+        self.sync(out)
+
+
 def side_by_side(fns: dict[str, Callable[[], Any]], sync: Callable[[Any], Any],
                  rounds: int, budget: float) -> dict[str, float]:
-    """Microseconds a call of each function, timed interleaved: ``rounds`` rounds of calls
-    (each round about ``budget`` seconds a function, results waited for at its end), the
-    best round of each. On a shared machine other work only ever adds time."""
-    calls = {name: _calls_for(fn, sync, budget) for name, fn in fns.items()}
-    best = dict.fromkeys(fns, float("inf"))
-    for r in range(rounds):
-        order = list(fns) if r % 2 == 0 else list(reversed(fns))
-        for name in order:
-            fn, n = fns[name], calls[name]
-            t = time.perf_counter()
-            for _ in range(n):
-                out = fn()
-            sync(out)
-            best[name] = min(best[name], (time.perf_counter() - t) / n * 1e6)
-    return best
+    """Microseconds a call of each function, timed interleaved by the harness
+    (:func:`~polyconv.benchmarks.harness.time_calls`): ``rounds`` rounds of about ``budget``
+    seconds of calls a function, the best round of each. On a shared machine other work only
+    ever adds time."""
+    n = min(_calls_for(fn, sync, budget) for fn in fns.values())
+    times = time_calls({name: _Waited(fn, sync) for name, fn in fns.items()}, rounds, 1,
+                       lambda _: None, "overhead", queued=n)
+    return {name: min(ts) * 1e6 for name, ts in times.items()}
 
 
 def _row(case: Case, framework: str, what: str, times: dict[str, float],
