@@ -271,3 +271,13 @@ def require_dtype(target: Target, dtype: str) -> None:
     """Skip (visibly) a dtype the target's array library does not have."""
     if dtype not in target.dtypes:
         pytest.skip(f"{target.library} has no {dtype}")
+
+
+@pytest.fixture(autouse=True)
+def _forget_dispatch():
+    """Each test starts with polyconv's dispatch cache empty: a cached call keeps the backend
+    object it was specialised for, and tests swap registered backends (``_backends._LOADED``)
+    under names other tests used."""
+    from polyconv import _dispatch
+
+    _dispatch._DISPATCH.clear()
