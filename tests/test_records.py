@@ -125,3 +125,23 @@ def test_an_overhead_record_is_written_and_drawn(tmp_path):
     text = (tmp_path / "benchmarks-overhead.md").read_text()
     assert "### Per-call overhead on a CPU with AVX2 (no AVX-512)" in text
     assert text.count("| numpy |") == len(run["rows"])
+
+
+def test_an_implementations_run_times_every_applicable_implementation(tmp_path):
+    # one small corpus layer on the numpy backend: a row per primitive, a time for each
+    # implementation that applies, the default pick among them
+    import polyconv
+    from polyconv._cli import main
+    from polyconv.benchmarks.corpus_layers import LAYERS
+
+    path = tmp_path / "implementations-avx2.json"
+    assert main(["bench", "--implementations", "--backends", "numpy", "--layers", "MNIST",
+                 "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    (layer,) = [ly for ly in LAYERS if "MNIST" in ly.title]
+    assert [r["primitive"] for r in rows] == ["forward", "backward_data", "backward_weights"]
+    for r in rows:
+        plan = layer.plan.with_(primitive=r["primitive"], dtype=layer.dtype)
+        names = polyconv.implementations("numpy", r["primitive"], plan)
+        assert set(r["seconds"]) == set(names) and r["default"] in names
+        assert all(0 < s <= r["first_call_s"][n] for n, s in r["seconds"].items())

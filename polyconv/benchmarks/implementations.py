@@ -33,13 +33,14 @@ import polyconv
 
 from .corpus import matching_layers
 from .corpus_layers import LAYERS
-from .harness import machine, random_arrays, write_record
+from .harness import machine, random_arrays, time_calls, write_record
 
 PRIMITIVES = ("forward", "backward_data", "backward_weights")
 #: a win: the fastest implementation takes less than the next one by this factor
 WIN = 1.10
-#: calls timed per implementation after the warm-up; an implementation whose warm-up call
-#: takes longer than SLOW_S is timed once (it cannot win, and it would hold the run up)
+#: rounds of timing after the first call; an implementation whose first call took longer
+#: than SLOW_S (compilation included) is not timed again (it cannot win, and it would hold the
+#: run up): its first call stands for it
 CALLS = 5
 SLOW_S = 1.0
 
@@ -65,21 +66,20 @@ def _runner(backend: str, primitive: str, plan: polyconv.ConvPlan, arrays):
     return lambda: jax.block_until_ready(fn(*arrays))
 
 
-def _rounds(calls: dict[str, Any], force, first: dict[str, float]) -> dict[str, float]:
-    """The fastest of :data:`CALLS` later calls of each (one where its ``first`` call took
-    over :data:`SLOW_S`), in rounds over all of them, the order alternating: a burst of other
-    work on the machine slows one round of every implementation, not every call of one."""
-    best = dict(first)
-    names = list(calls)
-    for r in range(CALLS):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            if first[name] > SLOW_S and r > 0:
-                continue
+def _rounds(calls: dict[str, Any], force) -> dict[str, float]:
+    """The fastest sample of each call (seconds a call) over :data:`CALLS` rounds of the
+    harness's interleaved timing (:func:`~polyconv.benchmarks.harness.time_calls`: the order
+    reversed every other round, so a burst of other work on the machine slows one round of
+    every implementation, not every call of one), each call inside its forcing."""
+    def forced(name: str, call: Any):
+        def run() -> Any:
             with force(name):
-                t0 = time.perf_counter()
-                calls[name]()
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+                return call()
+        return run
+
+    times = time_calls({name: forced(name, call) for name, call in calls.items()}, CALLS, 0,
+                       lambda _: None, "implementations")
+    return {name: min(ts) for name, ts in times.items()}
 
 
 def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
@@ -105,7 +105,8 @@ def measure_layer(index: int, backend: str) -> list[dict[str, Any]]:
             except Exception as exc:     # a lowering that cannot run here never wins
                 first[name] = math.inf
                 sys.stderr.write(f"{layer.title} {primitive} {name}: {exc!r:.200}\n")
-        best = {**first, **_rounds(calls, force, first)}
+        best = {**first, **_rounds({n: c for n, c in calls.items() if first[n] <= SLOW_S},
+                                   force)}
         rows.append({"layer": layer.title, "backend": backend, "primitive": primitive,
                      "dtype": layer.dtype,
                      "default": polyconv.default_implementation(backend, primitive, plan),
