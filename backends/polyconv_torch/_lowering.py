@@ -222,87 +222,60 @@ def _grad_needed(*tensors: Any) -> bool:
 
 def _forward(plan: ConvPlan, low: Lowering, differentiable) -> Callable[..., torch.Tensor]:
     """``a`` ``[N, Ca, A..]``, weights -> ``b`` ``[N, Cb, B..]`` (+ bias over Cb)."""
-    f32, half, level = plan.dtype == "float32", plan.dtype in _HALF_NAMES, _level(
-        plan.precision)
-    conv, extra_pad, to_ncx, w_perm, out_perm = (low.conv, low.extra_pad, low.to_ncx,
-                                                 low.w_canonical, low.from_ncx)
-    lift = 1 if low.lift else None
-    plain_out = out_perm is None and lift is None and not half   # one copy at most
-    args = _short(low.stride, low.padding, low.dilation, low.groups,
-                  defaults=(1, 0, 1, 1))
-
-    def forward(a: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
-        dtype, setting = a.dtype, None
-        if f32:
-            setting = _precision(level, "cpu" if a.is_cpu else a.device.type)
-            if (setting is not None and differentiable is not None
-                    and _grad_needed(a, w, bias) and overridden(level, _device_type(a))):
-                return differentiable(a, w, bias)
-        elif half:
-            wide = _cast(plan, a, w, bias, bias=bias is not None)
-            if wide is not None:
-                a, w, bias = wide
-        if lift is not None:
-            a = a.unsqueeze(1)
-        if to_ncx is not None:
-            a = a.permute(to_ncx)
-        if extra_pad is not None:
-            a = F.pad(a, extra_pad)
-        if w_perm is not None:
-            w = w.permute(w_perm)
-        if lift is not None:
-            w = w.unsqueeze(2)
-        if setting is None:
-            y = conv(a, w, bias, *args)
-        else:
-            with setting:
-                y = conv(a, w, bias, *args)
-        return y.contiguous() if plain_out else _user(y, out_perm, dtype, lift)
-
-    return forward
+    args = _short(low.stride, low.padding, low.dilation, low.groups, defaults=(1, 0, 1, 1))
+    return _data_kernel(plan, low, differentiable, low.conv, args, pad=low.extra_pad, crop=())
 
 
 def _backward_data(plan: ConvPlan, low: Lowering,
                    differentiable) -> Callable[..., torch.Tensor]:
     """``b`` ``[N, Cb, B..]``, weights -> ``a`` ``[N, Ca, A..]`` (+ bias over Ca)."""
-    f32, half, level = plan.dtype == "float32", plan.dtype in _HALF_NAMES, _level(
-        plan.precision)
-    conv_t, crop, to_ncx, w_perm, out_perm = (low.conv_t, low.crop, low.to_ncx,
-                                              low.w_canonical, low.from_ncx)
-    lift = 1 if low.lift else None
-    plain_out = out_perm is None and lift is None and not half   # one copy at most
     args = _short(low.stride, low.padding, low.output_padding, low.groups, low.dilation,
                   defaults=(1, 0, 0, 1, 1))
+    return _data_kernel(plan, low, differentiable, low.conv_t, args, pad=None, crop=low.crop)
 
-    def backward_data(b: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
-        dtype, setting = b.dtype, None
+
+def _data_kernel(plan: ConvPlan, low: Lowering, differentiable, conv, args: tuple,
+                 pad: Any, crop: Any) -> Callable[..., torch.Tensor]:
+    """The per-plan kernel of a primitive whose inputs are data and weights: the data into
+    PyTorch's layout (and padded by ``pad``), the weights into its order, ``conv`` with
+    ``args``, the result cropped (``(axis, start, length)`` each) and put back."""
+    f32, half, level = plan.dtype == "float32", plan.dtype in _HALF_NAMES, _level(
+        plan.precision)
+    to_ncx, w_perm, out_perm = low.to_ncx, low.w_canonical, low.from_ncx
+    lift = 1 if low.lift else None
+    plain_out = out_perm is None and lift is None and not half   # one copy at most
+
+    def kernel(x: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
+        dtype, setting = x.dtype, None
         if f32:
-            setting = _precision(level, "cpu" if b.is_cpu else b.device.type)
+            setting = _precision(level, "cpu" if x.is_cpu else x.device.type)
             if (setting is not None and differentiable is not None
-                    and _grad_needed(b, w, bias) and overridden(level, _device_type(b))):
-                return differentiable(b, w, bias)
+                    and _grad_needed(x, w, bias) and overridden(level, _device_type(x))):
+                return differentiable(x, w, bias)
         elif half:
-            wide = _cast(plan, b, w, bias, bias=bias is not None)
+            wide = _cast(plan, x, w, bias, bias=bias is not None)
             if wide is not None:
-                b, w, bias = wide
+                x, w, bias = wide
         if lift is not None:
-            b = b.unsqueeze(1)
+            x = x.unsqueeze(1)
         if to_ncx is not None:
-            b = b.permute(to_ncx)
+            x = x.permute(to_ncx)
+        if pad is not None:
+            x = F.pad(x, pad)
         if w_perm is not None:
             w = w.permute(w_perm)
         if lift is not None:
             w = w.unsqueeze(2)
         if setting is None:
-            y = conv_t(b, w, bias, *args)
+            y = conv(x, w, bias, *args)
         else:
             with setting:
-                y = conv_t(b, w, bias, *args)
+                y = conv(x, w, bias, *args)
         for axis, start, length in crop:
             y = y.narrow(axis, start, length)
         return y.contiguous() if plain_out else _user(y, out_perm, dtype, lift)
 
-    return backward_data
+    return kernel
 
 
 def _backward_weights(plan: ConvPlan, low: Lowering,
