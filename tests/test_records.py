@@ -116,7 +116,7 @@ def test_an_overhead_record_is_written_and_drawn(tmp_path):
     records.mkdir()
     path = records / "overhead-avx2.json"
     assert main(["bench", "--overhead", "--tiny", "--frameworks", "numpy", "--threads", "1",
-                 "--rounds", "1", "--budget", "0.001", "--out", str(path)]) == 0
+                 "--rounds", "1", "--budget", "0.001", "--json", str(path)]) == 0
     record = json.loads(path.read_text())
     (run,) = harness.runs(record)
     assert run["threads"] == 1 and run["rows"]

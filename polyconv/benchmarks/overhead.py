@@ -378,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=0.02,
                         help="seconds of calls per round and function")
     parser.add_argument("--tiny", action="store_true", help="the tiny cases only")
-    parser.add_argument("--out", help="write the record here (JSON)")
+    parser.add_argument("--json", "--out", dest="out",
+                        help="write the record here (JSON), as the other benchmarks' --json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         args.threads = int(args.threads)
         return _worker(args)
-    passed = _without_values(argv, ("--out", "--threads"))
+    passed = _without_values(argv, ("--json", "--out", "--threads"))
     runs = []
     for threads in (int(t) for t in args.threads.split(",") if t.strip()):
         record = _in_fresh_process(threads, passed)
