@@ -468,13 +468,25 @@ def rerun_with_threads(threads: int, argv: list[str]) -> int:
     the BLAS/OpenMP variables are set, the process is pinned to ``threads`` CPUs (XLA sizes its
     pool from that), and PyTorch is told the count.
     """
+    return subprocess.call([sys.executable, "-m", "polyconv.benchmarks", *argv],
+                           env=thread_environment(threads))
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    """This process's environment for a fresh one whose libraries all use ``threads``
+    threads (0: as many as they would take): the BLAS/OpenMP variables, XLA's flags for one
+    thread, and :data:`THREADS_ENV`, which PyTorch's peers and the machine record read."""
+    env = dict(os.environ)
+    env.pop(THREADS_ENV, None)
+    if not threads:
+        return env
     n = str(threads)
-    env = dict(os.environ, **{THREADS_ENV: n, "OPENBLAS_NUM_THREADS": n,
-                              "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n})
+    env.update({THREADS_ENV: n, "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
+                "MKL_NUM_THREADS": n})
     if threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
                             " intra_op_parallelism_threads=1").strip()
-    return subprocess.call([sys.executable, "-m", "polyconv.benchmarks", *argv], env=env)
+    return env
 
 
 def pin(threads: int) -> None:

@@ -31,9 +31,8 @@ import numpy as np
 
 import polyconv
 
-from .harness import time_calls
-
-_THREADS_ENV = "POLYCONV_BENCH_THREADS"   # what polyconv.benchmarks.suite.machine() reports
+from .harness import THREADS_ENV, pin, thread_environment, time_calls
+from .peers import lax_function
 
 
 @dataclass(frozen=True)
@@ -169,8 +168,8 @@ def _torch_call(case: Case):
 def bench_torch(case: Case, device: str, rounds: int, budget: float) -> list[dict[str, Any]]:
     import torch
 
-    if os.environ.get(_THREADS_ENV):
-        torch.set_num_threads(int(os.environ[_THREADS_ENV]))
+    if os.environ.get(THREADS_ENV):
+        torch.set_num_threads(int(os.environ[THREADS_ENV]))
     polyconv.get_backend("torch")
     x_np, w_np = _arrays(case)
     plan = case.plan
@@ -207,43 +206,6 @@ def bench_torch(case: Case, device: str, rounds: int, budget: float) -> list[dic
     return rows
 
 
-def _lax_call(case: Case):
-    """The hand-written ``lax`` call of ``case`` (the user's layouts as dimension numbers,
-    ``precision=HIGHEST`` as polyconv's float32 default)."""
-    from jax import lax
-
-    plan = case.plan
-    d = plan.ndim
-    spatial = "DHW"[-d:] if d <= 3 else None
-    data = f"N{spatial}C" if plan.channels_last else f"NC{spatial}"
-    fmt = case.attrs.get("weights_format") or ("XOI" if case.op == "conv_transpose" else "XIO")
-    wspec = fmt.replace("X", spatial)
-    padding = list(zip(plan.pads_begin, plan.pads_end))
-    hi = lax.Precision.HIGHEST
-    if case.op == "convolution":
-        def call(x, w):
-            return lax.conv_general_dilated(
-                x, w, plan.strides, padding, rhs_dilation=plan.dilations,
-                dimension_numbers=(data, wspec, data), feature_group_count=plan.groups,
-                precision=hi)
-        return call
-    # ConvTranspose: with transpose_kernel, lax.conv_transpose's kernel spec names the
-    # channels of the convolution it transposes (I its output's, O its input's), so
-    # polyconv's O and I swap; groups are not in its signature
-    wspec = wspec.translate(str.maketrans("IO", "OI"))
-    if plan.groups != 1:
-        msg = f"{case.name}: the lax reference takes groups=1 only"
-        raise ValueError(msg)
-    pads = [(ek - 1 - pb, ek - 1 - pe + op) for ek, pb, pe, op in zip(
-        plan.effective_kernel, plan.pads_begin, plan.pads_end, plan.output_padding)]
-
-    def call(x, w):
-        return lax.conv_transpose(x, w, plan.strides, pads, rhs_dilation=plan.dilations,
-                                  dimension_numbers=(data, wspec, data),
-                                  transpose_kernel=True, precision=hi)
-    return call
-
-
 def bench_jax(case: Case, rounds: int, budget: float) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
@@ -252,7 +214,7 @@ def bench_jax(case: Case, rounds: int, budget: float) -> list[dict[str, Any]]:
     x, w = jnp.asarray(x_np), jnp.asarray(w_np)
     attrs = case.attrs
     op = getattr(polyconv, case.op)
-    ref = _lax_call(case)
+    ref = lax_function(case.plan, case.plan.primitive, user_weights=True)
     lowering = polyconv.default_implementation("jax", case.plan.primitive,
                                                case.plan.with_(dtype="float32"))
     note = f"polyconv's lowering: {lowering}" + (" (plain)" if lowering == "direct" else "")
@@ -340,8 +302,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def _worker(args: argparse.Namespace) -> int:
     from .harness import machine
 
-    if args.threads and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
+    if args.threads:
+        pin(args.threads)
     frameworks = [f for f in args.frameworks.split(",") if f]
     available = [f for f in frameworks if f == "numpy" or find_spec(f) is not None]
     rows = run(available, args.device, args.rounds, args.budget, args.tiny)
@@ -352,15 +314,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 def _in_fresh_process(threads: int, argv: list[str]) -> dict[str, Any]:
     """The worker's record, run with every library on ``threads`` threads (0: all)."""
-    env = dict(os.environ)
-    env.pop(_THREADS_ENV, None)
-    if threads:
-        n = str(threads)
-        env.update({_THREADS_ENV: n, "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
-                    "MKL_NUM_THREADS": n})
-        if threads == 1:
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-                                " intra_op_parallelism_threads=1").strip()
+    env = thread_environment(threads)
     out = subprocess.run([sys.executable, "-m", "polyconv.benchmarks.overhead", "--worker",
                           "--threads", str(threads), *argv], env=env, check=True,
                          stdout=subprocess.PIPE, text=True)
