@@ -277,20 +277,13 @@ def _phases(geometry: tuple[tuple[int, ...], ...]) -> Phases:
     return Phases(axes, taps, tuple((r, tuple(ts)) for r, ts in groups.items()))
 
 
+@functools.lru_cache(maxsize=4096)
 def phases(plan: Any) -> Phases:
     """The :class:`Phases` of a :class:`~polyconv.ConvPlan` (cached per spatial geometry:
     large and small sizes, kernel, strides, dilations, pads_begin; and per plan, whose hash
     is kept: a strategy asks on every call)."""
-    found = _OF_PLAN.get(plan)
-    if found is None:
-        if len(_OF_PLAN) >= 4096:
-            _OF_PLAN.clear()
-        found = _OF_PLAN[plan] = _phases((plan.a_spatial, plan.b_spatial, plan.kernel,
-                                          plan.strides, plan.dilations, plan.pads_begin))
-    return found
-
-
-_OF_PLAN: dict[Any, Phases] = {}
+    return _phases((plan.a_spatial, plan.b_spatial, plan.kernel, plan.strides, plan.dilations,
+                    plan.pads_begin))
 
 
 @dataclass(frozen=True)
