@@ -12,12 +12,10 @@ on a plan's first call (:mod:`._measuring`). The strategies:
   matrix product of the taps' shifted row blocks, gathered into a cache-sized buffer. It
   copies ``T`` values per channel of the side it reads, and its product is as wide as the side
   it writes: good when the written side is wide.
-* ``matmul_overlap_add`` (:mod:`._overlap`, forward and backward_data): one matrix product
-  of the read tensor with all taps' weights side by side, then each tap's slice added into
-  the strided window it lands on (GEMM + col2im). It adds ``T`` values per channel of the side it
-  writes, and its product is ``T`` times as wide: good when the written side is narrow.
-* ``gather_b`` (:mod:`._fast`, backward_weights): gathers the small tensor's taps instead of
-  the large tensor's; good when the small tensor has the fewer channels.
+* ``matmul_overlap_add`` (:mod:`._overlap`, backward_data): one matrix product of ``b``
+  with all taps' weights side by side, then each tap's slice added into the strided window of
+  ``a`` it lands on (GEMM + col2im). It adds ``T`` values per channel of ``a``, and its product
+  is ``T`` times as wide: good when ``a`` is narrow.
 * ``window`` (:mod:`._window`, depthwise on channels-last data, every primitive; backward_data
   phase by phase of ``a``): blocks of output lines, each one einsum over the tap windows
   of a cache-sized, zero-padded copy of the input lines it reads (no phase split, no padded

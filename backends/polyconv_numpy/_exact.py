@@ -133,6 +133,9 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
 #: the per-tap products against the table's rates (fitted on the corpus's dense layers; other
 #: hosts favour them more, where measuring decides)
 EXACT_FACTOR = 2.0
+#: per-tap products over fewer channels a group run far below the table's rates (ResNet-50's
+#: stem, 3 channels: 8.9x the grid's weight gradient), so the model leaves them to the others
+EXACT_MIN_CHANNELS = 16
 #: one channel per group, per element: each tap's window product (per row of ``b``, tap and
 #: channel) plus a loop per row of a strided window (per row of ``b`` and tap)
 DW_EXACT_TAP_S = 0.30e-9
@@ -149,18 +152,18 @@ def estimate(primitive: str, plan: ConvPlan, z: Sizes | None = None) -> float:
     """Ungrouped: per tap that meets the data, its windows copied channels-last and one
     product over their ``m`` rows (forward: ``[m, Ca] x [Ca, Cb]`` added into ``b``;
     backward_data: ``[m, Cb] x [Cb, Ca]`` added into ``a``; backward_weights:
-    ``[Cb, m] x [m, Ca]``). The cost model offers it for the weight gradient; measuring
-    times it for the other two."""
+    ``[Cb, m] x [m, Ca]``)."""
     z = sizes(plan) if z is None else z
     cost = (z.ma * z.ca + z.mb * z.cb) * z.layout * z.item
     for _, b_index, _ in phases(plan).tap_windows:
         m = plan.batch * math.prod(s.stop - s.start for s in b_index)
         if primitive == "backward_weights":
             cost += (z.item * (copy(m * z.ca, z.ca) + copy(m * z.cb, z.cb))
-                     + gemm_long(z.cb, m, z.ca))
+                     + z.g * gemm_long(z.og, m, z.cg))
         else:
             cin, cout = (z.ca, z.cb) if primitive == "forward" else (z.cb, z.ca)
-            cost += z.item * (copy(m * cin, cin) + add(m * cout, cout)) + gemm(m, cin, cout)
+            cost += (z.item * (copy(m * cin, cin) + add(m * cout, cout))
+                     + z.g * gemm(m, cin // z.g, cout // z.g))
         cost += CALL_S
     return EXACT_FACTOR * cost
 
@@ -170,9 +173,11 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
         return _price("forward", adjoint, sizes(adjoint))
     if z.cg == 1 and z.g > 1 and primitive != "backward_data" and reads_in_place(plan):
         return z.item * (z.mb * z.t * z.cb * DW_EXACT_TAP_S + z.mb * z.t * DW_EXACT_RUN_S)
-    if primitive == "backward_weights" and z.g == 1:
-        return estimate(primitive, plan, z)
-    return math.inf
+    if min(z.cg, z.og) < EXACT_MIN_CHANNELS:
+        return math.inf
+    if primitive != "backward_weights" and not reads_in_place(plan):
+        return math.inf     # a copy of the data and a float32 accumulator: past the bound
+    return estimate(primitive, plan, z)
 
 
 STRATEGIES = tuple(strategy("exact", p, run, _price, exact_on_nonfinite=True)

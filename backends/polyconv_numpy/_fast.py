@@ -336,42 +336,6 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
                                 dtype=out_dtype)
 
 
-def backward_weights_gather_b(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
-    """backward_weights gathering the small tensor's shifted rows instead of the large one's.
-
-    Per phase ``r`` of the large tensor and block of its rows: ``dW_r[n*Og, Cg] += [b[j -
-    off_t] for t in taps of r]^T @ a_r[j]`` (the data flow of :func:`backward_data`). It
-    gathers ``T*Cb`` values per row instead of ``T*Ca``: the better order when ``Cb`` is the
-    narrow side. One phase of ``a`` is laid out at a time.
-    """
-    out_dtype, acc = dtypes(a, plan)
-    grid, ch = Grid(plan), _Channels(plan)
-    if ch.depthwise:        # one input channel per group: the same per-tap products
-        return backward_weights(plan, a, b)
-    lead = grid.margin
-    b_rows = grid.embed(b, lead, acc)
-    t = len(grid.taps)
-    w4 = np.zeros((ch.g, ch.og, ch.cg, t), dtype=acc)
-    for phase, taps in grid.phases.items():
-        a_r = grid.phase_rows(a, phase, acc)
-        sources = [(b_rows, lead - grid.taps[i][1]) for i in taps]
-        n = len(taps)
-        def work(lo: int, hi: int, a_r=a_r, sources=sources, n=n) -> np.ndarray:
-            own = _Channels(plan)
-            dw = np.zeros((ch.g, n * ch.og, ch.cg), dtype=acc)
-            for j0, j1 in _blocks(lo, hi, n * plan.b_channels * acc.itemsize, of=grid.rows):
-                blk = own.gather(sources, j0, j1, acc).transpose(0, 2, 1)    # [G, n*Og, rows]
-                dw += np.matmul(blk, own.grouped(a_r[j0:j1]))
-            return dw
-
-        dw = sum(split_products(grid.rows, grid.fewest_taps * plan.b_channels, work))
-        # [G, n, Og, Cg] -> the taps' columns of [G, Og, Cg, T]
-        w4[..., taps] = dw.reshape(ch.g, n, ch.og, ch.cg).transpose(0, 2, 3, 1)
-    canon = w4.reshape(plan.w_shape)
-    return np.ascontiguousarray(np.transpose(canon, plan.weights_inverse_perm),
-                                dtype=out_dtype)
-
-
 def _backward_weights_channels_first(plan: ConvPlan, grid: Grid, ch: _Channels, a: Any, b: Any,
                                      out_dtype: np.dtype, acc: np.dtype) -> np.ndarray:
     """backward_weights for few channels per group of ``a``: ``dW[G, Og, T*Cg] += b[G, Og,
@@ -409,6 +373,11 @@ DW_SPLIT_S = 0.82e-9
 DW_GRID_TAP_S = 0.062e-9
 
 
+#: the grid's dense estimates against its times (its gathers and threads run slower than the
+#: pricing primitives say; docs/design_notes.md, numpy cost model)
+GATHER_FACTOR = 1.6
+
+
 def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
         return _price("forward", adjoint, sizes(adjoint))
@@ -417,6 +386,10 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
         return depthwise + z.item * (z.ma * z.ca + z.mb * z.cb) * z.layout
     if z.cg == 1 and z.g > 1 and reads_in_place(plan):   # fitted against the exact path's
         return depthwise
+    return GATHER_FACTOR * _dense(primitive, plan, z)
+
+
+def _dense(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     if primitive == "backward_data":
         return (z.item * (z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout
                           + copy(z.rows * z.t * z.cb, z.og) + copy(z.ma * z.ca, z.run_a)
@@ -429,24 +402,13 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
         return (z.item * (z.split - z.ma * z.ca * (z.layout - grid_layout) + gathered
                           + z.mb * z.cb * (2 * FILL_S + grid_layout))
                 + z.g * gemm(z.rows, z.t * z.cg, z.og) + z.calls)
-    return (_weights_common(z) - z.item * (z.ma * z.ca + z.mb * z.cb) * (z.layout - grid_layout)
-            + z.item * gathered + z.g * gemm_long(z.og, z.rows, z.t * z.cg) + z.calls)
-
-
-def _weights_common(z: Sizes) -> float:
-    return z.item * (z.split + z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout)
-
-
-def _price_gather_b(primitive: str, plan: ConvPlan, z: Sizes) -> float:
-    if z.cg == 1 and z.g > 1 and reads_in_place(plan):
-        return _price(primitive, plan, z)
-    return (_weights_common(z) + z.item * copy(z.rows * z.t * z.cb, z.og)
-            + sum(z.g * gemm_long(ts * z.og, z.rows, z.cg) for ts in z.phases) + z.calls)
+    return (z.item * (z.split + z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout
+                      - (z.ma * z.ca + z.mb * z.cb) * (z.layout - grid_layout) + gathered)
+            + z.g * gemm_long(z.og, z.rows, z.t * z.cg) + z.calls)
 
 
 STRATEGIES = (
     strategy("gather", "forward", forward, _price),
     strategy("gather", "backward_data", backward_data, _price),
     strategy("gather", "backward_weights", backward_weights, _price),
-    strategy("gather_b", "backward_weights", backward_weights_gather_b, _price_gather_b),
 )

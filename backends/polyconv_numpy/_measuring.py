@@ -22,8 +22,6 @@ import numpy as np
 from polyconv._choice import Chooser, Measurement, time_candidates
 from polyconv._geometry import ConvPlan
 
-from . import _exact
-
 #: calls the model puts under this many seconds keep its pick (too little to win), and so do
 #: calls over the maximum (measuring runs each candidate twice)
 MEASURE_MIN_S = 1e-3
@@ -46,8 +44,7 @@ def candidates(chooser: Chooser, primitive: str, plan: ConvPlan,
                default: str | None = None) -> tuple[str, ...]:
     """The strategies to measure for a plan, the model's pick (``default``) first; empty
     where the model puts its pick outside :data:`MEASURE_MIN_S` .. :data:`MEASURE_MAX_S` or
-    nothing near it. Ungrouped plans measure ``exact`` too (one product per tap over its
-    in-range window), whose estimate the model's own pick does not weigh."""
+    nothing near it."""
     return _candidates(chooser, primitive, plan, plan.dtype, default)
 
 
@@ -58,8 +55,6 @@ def _candidates(chooser: Chooser, primitive: str, plan: ConvPlan, dtype: str | N
     best = default if default in c else min(c, key=c.__getitem__)
     if not MEASURE_MIN_S <= c[best] <= MEASURE_MAX_S:
         return ()
-    if plan.groups == 1 and "exact" not in c:
-        c["exact"] = _exact.estimate(primitive, plan)
     # the model's pick first, whatever the others' estimates: it is the one kept on a tie
     near = sorted((n for n in c if n != best and c[n] <= MEASURE_WITHIN * c[best]),
                   key=c.__getitem__)

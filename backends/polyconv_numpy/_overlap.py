@@ -1,23 +1,23 @@
-"""Multiply-then-overlap-add: one matrix product for all taps, then a shifted add per tap.
+"""Multiply-then-overlap-add for backward_data: one matrix product for all taps, then a
+shifted add per tap.
 
 Where :mod:`._fast` gathers every tap's rows and multiplies once (good when the side it gathers
-is narrow relative to the side it writes), this path multiplies the tensor it reads once by all
-taps' weights side by side and adds each tap's slice of the product into the strided window of
-the result it lands on (GEMM + col2im, what PyTorch's CPU fallback does for the transposed
-direction)::
+is narrow relative to the side it writes), this path multiplies ``b`` once by all taps' weights
+side by side and adds each tap's slice of the product into the strided window of ``a`` it lands
+on (GEMM + col2im, what PyTorch's CPU fallback does for the transposed direction)::
 
-    backward_data  Y = b @ [W_t for t]      [rows of b, Cb] x [Cb, T*Ca]
-                   a[y*s + k_t*d - pb] += Y[y, t]          (in-range windows only)
-    forward        Z = a @ [W_t^T for t]    [rows of a, Ca] x [Ca, T*Cb]
-                   b[y] += Z[y*s + k_t*d - pb, t]          (in-range windows only)
+    Y = b @ [W_t for t]      [rows of b, Cb] x [Cb, T*Ca]
+    a[y*s + k_t*d - pb] += Y[y, t]          (in-range windows only)
 
-The product is as wide as all taps of the written side (``T*Ca`` or ``T*Cb``), so it stays an
-efficient matrix product when that side is narrow, and nothing is gathered: per tap only
-``rows x C_written`` values are added instead of ``rows x C_read`` copied. The windows are the
-in-range ones of :mod:`polyconv._phases` (docs/semantics.md#canonical-convolution): no padded
-position contributes a term, so NaN and Inf propagate exactly as on :mod:`._exact`
+The product is as wide as all taps of ``a``'s channels (``T*Ca``), so it stays an efficient
+matrix product when ``a`` is narrow, and nothing is gathered: per tap only ``rows x Ca``
+values are added instead of ``rows x Cb`` copied. The windows are the in-range ones of
+:mod:`polyconv._phases` (docs/semantics.md#canonical-convolution): no padded position
+contributes a term, so NaN and Inf propagate exactly as on :mod:`._exact`
 (docs/numerics.md#nan-and-inf). Sums are accumulated in float32 (float64 for float64) and
-rounded to the output dtype once, after the bias (docs/numerics.md#error-bound).
+rounded to the output dtype once, after the bias (docs/numerics.md#error-bound). The same
+algorithm for the forward direction won no layer of the corpus and was removed
+(docs/design_notes.md).
 
 Where the kernel is no larger than the stride, each output position receives at most one
 tap's product: backward_data then copies each product into place (with the bias) instead of
@@ -51,8 +51,7 @@ from ._common import (
     moveaxis,
     weights_matrix,
 )
-from ._costs import CALL_S, FILL_S, TRANSPOSE_S, Sizes, add, copy, gemm, sizes, strategy
-from ._window import as_forward
+from ._costs import CALL_S, FILL_S, TRANSPOSE_S, Sizes, add, copy, gemm, strategy
 
 #: target size of one block of the product (``rows x T*C``); one buffer of it is reused by
 #: every block (a fresh multi-megabyte array pays a page fault per 4 KiB on first touch)
@@ -122,19 +121,15 @@ def block_count(batch: int, rows0: int, row_bytes: int) -> int:
     return batch * -(-rows0 // max(1, budget // max(row_bytes, 1)))
 
 
-def plan_blocks(plan: ConvPlan, primitive: str, itemsize: int) -> int:
-    """How many blocks ``primitive`` (forward or backward_data) cuts ``plan``'s product into."""
-    return block_count(plan.batch, plan.b_spatial[0], product_row_bytes(plan, primitive, itemsize))
+def plan_blocks(plan: ConvPlan, itemsize: int) -> int:
+    """How many blocks the product of ``plan``'s backward_data is cut into."""
+    return block_count(plan.batch, plan.b_spatial[0], product_row_bytes(plan, itemsize))
 
 
-def product_row_bytes(plan: ConvPlan, primitive: str, itemsize: int) -> int:
+def product_row_bytes(plan: ConvPlan, itemsize: int) -> int:
     """Bytes of the product per row of ``b``'s first spatial axis, the axis :func:`_blocks`
-    cuts: ``T*Ca`` per position of ``b`` for backward_data; for forward ``T*Cb`` per position
-    of the ``s0`` rows of ``a`` that a row of ``b`` reads."""
-    t = math.prod(plan.kernel)
-    if primitive == "backward_data":
-        return math.prod(plan.b_spatial[1:]) * t * plan.a_channels * itemsize
-    return plan.strides[0] * math.prod(plan.a_spatial[1:]) * t * plan.b_channels * itemsize
+    cuts: ``T*Ca`` per position of ``b``."""
+    return math.prod(plan.b_spatial[1:]) * math.prod(plan.kernel) * plan.a_channels * itemsize
 
 
 def _clip(win, lo: int, hi: int):
@@ -166,19 +161,16 @@ def _windows(plan: ConvPlan, lo: int, hi: int):
 
 
 class _Weights:
-    """All taps' weights side by side, per group: ``[G, C_read/G, T*C_written/G]``."""
+    """All taps' weights side by side, per group, for backward_data (read ``b``, write
+    ``a``): ``[G, Og, T*Cg]``."""
 
-    def __init__(self, plan: ConvPlan, w: Any, acc: np.dtype, transposed: bool):
+    def __init__(self, plan: ConvPlan, w: Any, acc: np.dtype):
         g = plan.groups
         self.g, self.t = g, math.prod(plan.kernel)
         self.cg, self.og = plan.a_channels // g, plan.b_channels // g
         w4 = canonical_weights(w, plan, acc).reshape(g, self.og, self.cg, self.t)
-        if transposed:      # backward_data: read b (Og), write a (Cg): [G, Og, T*Cg]
-            self.read, self.written = self.og, self.cg
-            self.w = weights_matrix(w4, (1,), (3, 2))
-        else:               # forward: read a (Cg), write b (Og): [G, Cg, T*Og]
-            self.read, self.written = self.cg, self.og
-            self.w = weights_matrix(w4, (2,), (3, 1))
+        self.read, self.written = self.og, self.cg
+        self.w = weights_matrix(w4, (1,), (3, 2))
 
     def product(self, x: np.ndarray, scratch: _Scratch) -> np.ndarray:
         """``[M, G*read]`` -> ``[M, G, T, written]``, in a reused buffer."""
@@ -291,7 +283,7 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     single = phases(plan).one_tap_per_phase
     if single and not phases(plan).windows_cover:       # cells no tap reaches: the bias alone
         out_cl[...] = 0 if bias is None else np.asarray(bias).astype(acc)
-    per_row = product_row_bytes(plan, "backward_data", acc.itemsize)
+    per_row = product_row_bytes(plan, acc.itemsize)
     for n0, n1, y0, y1 in _blocks(n, bsp[0], per_row):
         nb = n1 - n0
         if not single and (n0, n1) != sums.block:
@@ -337,7 +329,7 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     """col2im channels-last: each tap's ``[rows, Ca]`` slice of ``b @ W_all`` is added into
     the in-range window of the output (or of a block accumulator), runs of ``Ca``."""
     out_dtype, acc = dtypes(b, plan)
-    wt = _Weights(plan, w, acc, transposed=True)
+    wt = _Weights(plan, w, acc)
     b_cl = channels_last_view(b, plan)
     out, out_cl = _output(plan, plan.a_channels, plan.a_spatial, out_dtype)
     direct = plan.channels_last and out_dtype == acc
@@ -348,7 +340,7 @@ def backward_data_channels_last(plan: ConvPlan, b: Any, w: Any,
     # some cells receive no term
     single = phases(plan).one_tap_per_phase
     for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct,
-                                            product_row_bytes(plan, "backward_data", acc.itemsize),
+                                            product_row_bytes(plan, acc.itemsize),
                                             (*plan.a_spatial, plan.a_channels), acc,
                                             zero=not (single and phases(plan).windows_cover)):
         nb = n1 - n0
@@ -398,45 +390,10 @@ def _finish(out_cl: np.ndarray, block: tuple[int, int], buf: np.ndarray, bias: A
     out_cl[block[0]:block[1]] = buf
 
 
-def forward(plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
-    out_dtype, acc = dtypes(a, plan)
-    wt = _Weights(plan, w, acc, transposed=False)
-    a_cl = channels_last_view(a, plan)
-    out, out_cl = _output(plan, plan.b_channels, plan.b_spatial, out_dtype)
-    direct = plan.channels_last and out_dtype == acc
-    g, og = plan.groups, wt.og
-    a_rest = plan.a_spatial[1:]
-    scratch = _Scratch(acc)
-    for n0, n1, y0, y1, buf in _accumulated(plan, out_cl, bias, direct,
-                                            product_row_bytes(plan, "forward", acc.itemsize),
-                                            (*plan.b_spatial, plan.b_channels), acc):
-        nb = n1 - n0
-        wins = _windows(plan, y0, y1)
-        if not wins:
-            continue
-        x0 = min(span[0] for *_, span in wins)
-        x1 = max(span[1] for *_, span in wins)
-        x = np.ascontiguousarray(a_cl[n0:n1, x0:x1], dtype=acc)
-        z = wt.product(x.reshape(-1, plan.a_channels), scratch)
-        z = z.reshape(nb, x1 - x0, *a_rest, g, wt.t, og)
-        acc_v = buf.reshape(nb, *plan.b_spatial, g, og)[:, y0:y1]
-        for t, b_index, a_index, _ in wins:
-            rows = slice(a_index[0].start - x0, a_index[0].stop - x0, a_index[0].step)
-            view = acc_v[(slice(None), *b_index)]
-            view += z[(slice(None), rows, *a_index[1:], slice(None), t)]
-    return out
-
-
 # --- the records: one product, then an add per tap and block ---------------------------------
 
 def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
-    if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
-        return _price("forward", adjoint, sizes(adjoint))
-    calls = z.t * CALL_S * plan_blocks(plan, primitive, 4 * z.item)
-    if primitive == "forward":
-        return (z.item * (z.ma * z.ca * (FILL_S + z.layout) + add(z.mb * z.t * z.cb, z.og, True)
-                          + z.mb * z.cb * (FILL_S + z.layout))
-                + z.g * gemm(z.ma, z.cg, z.t * z.og) + calls)
+    calls = z.t * CALL_S * plan_blocks(plan, z.item * 4)
     if not _channels_first(plan):
         moves = (z.mb * z.cb * FILL_S + add(z.mb * z.t * z.ca, z.ca)
                  + 2 * z.ma * z.ca * FILL_S)
@@ -448,12 +405,11 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
              + copy(z.ma * z.ca, 1 if plan.strides[-1] > 1 else last_b)
              + (z.ma * z.ca * TRANSPOSE_S if plan.channels_last else 0))
     # one [T*Cg, Og] x [Og, columns] product per batch element (or block) and group
-    products = max(plan.batch, plan_blocks(plan, primitive, 4 * z.item))
+    products = max(plan.batch, plan_blocks(plan, 4 * z.item))
     return (z.item * moves + products * z.g * gemm(z.t * z.cg, z.og, z.mb / products)
             + calls)
 
 
 STRATEGIES = (
-    strategy("matmul_overlap_add", "forward", forward, _price, exact_on_nonfinite=True),
     strategy("matmul_overlap_add", "backward_data", backward_data, _price, exact_on_nonfinite=True),
 )

@@ -161,10 +161,15 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     ``[N*B, T*Ca] x [T*Ca, Cb]`` (its transpose for backward_data, its long-contraction form
     for the weight gradient)."""
     values = z.mb * z.t * z.ca
-    # channels-first, the copy reads (or writes) one side with a stride of s values
-    # throughout: priced as a change of layout
-    per_value = (copy(values, plan.kernel[-1] * z.ca) if plan.channels_last
-                 else values * TRANSPOSE_S)
+    # channels-first, the copy reads (or, for backward_data, writes) one side with a stride
+    # of s values throughout: a strided read is a strided copy, a strided write a change of
+    # layout
+    if plan.channels_last:
+        per_value = copy(values, plan.kernel[-1] * z.ca)
+    elif primitive == "backward_data":
+        per_value = values * TRANSPOSE_S
+    else:
+        per_value = copy(values, 1)
     moved = z.item * (per_value + z.mb * z.cb * FILL_S)
     if primitive == "backward_weights":
         return moved + gemm_long(z.t * z.ca, z.mb, z.cb)
