@@ -9,11 +9,12 @@ an error, so CI cannot silently test nothing. A new backend joins the matrix by 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -249,22 +250,31 @@ def backend_targets(backend: str) -> list:
     return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id=f"no-{backend}")]
 
 
-def use_target(t: Target) -> Target:
-    """``t``, ready to use: a missing one skips visibly; JAX runs in 64-bit mode."""
+@contextlib.contextmanager
+def use_target(t: Target) -> Iterator[Target]:
+    """``t``, ready to use for one test: a missing one skips visibly; JAX runs in 64-bit
+    mode, restored afterwards (a later test must not find float64 arrays by default)."""
     why = t.available()
     if why is not None:
         pytest.skip(f"target {t.name}: {why}")
-    if t.library.startswith("jax"):
-        import jax
+    if not t.library.startswith("jax"):
+        yield t
+        return
+    import jax
 
-        jax.config.update("jax_enable_x64", True)
-    return t
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield t
+    finally:
+        jax.config.update("jax_enable_x64", before)
 
 
 @pytest.fixture(params=_selected(), ids=lambda t: t.name)
-def target(request) -> Target:
+def target(request) -> Iterator[Target]:
     """Every selected backend/array-library pair; missing ones skip visibly."""
-    return use_target(request.param)
+    with use_target(request.param) as t:
+        yield t
 
 
 def require_dtype(target: Target, dtype: str) -> None:

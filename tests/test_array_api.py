@@ -16,6 +16,7 @@ import itertools
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -36,10 +37,11 @@ EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64":
 
 
 @pytest.fixture(params=backend_targets("array_api"), ids=lambda t: getattr(t, "name", None))
-def lib(request) -> Target:
+def lib(request) -> Iterator[Target]:
     """The generic backend's targets selected in this run: array-api-strict, numpy,
     jax.numpy and torch arrays."""
-    return use_target(request.param)
+    with use_target(request.param) as t:
+        yield t
 
 
 def _target(name: str) -> Target:
