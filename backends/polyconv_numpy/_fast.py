@@ -209,20 +209,23 @@ def _forward_channels_first(plan: ConvPlan, grid: Grid, ch: _Channels, w4: np.nd
     return out
 
 
+def _backward_data_channels_first(ch: _Channels, plan: ConvPlan) -> bool:
+    """Whether backward_data accumulates channels-first: few channels per group of ``a``;
+    without a stride, channels-first data of up to :data:`_CHANNELS_FIRST_STRIDE_ONE`, which
+    then skips the two changes of layout (not for wider channels, nor strided: measured slower
+    there; docs/design_notes.md, the numpy backend's strategies)."""
+    limit = (_CHANNELS_FIRST_STRIDE_ONE if not plan.channels_last and set(plan.strides) == {1}
+             else _CHANNELS_FIRST_MAX)
+    return 1 < ch.cg <= limit
+
+
 def backward_data(plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
     out_dtype, acc = dtypes(b, plan)
     grid, ch = Grid(plan), _Channels(plan)
     w4 = ch.weights4(canonical_weights(w, plan, acc))            # [G, Og, Cg, T]
     out, out_cl = grid.output(plan.a_channels, out_dtype, bias)
     # one phase at a time, each written out before the next: little memory beyond the output
-    # (not for wide channels of channels-first data here: measured slower, e.g. HiFi-GAN's
-    # 512 -> 256 upsampler 9.4 ms against 7.1; but without a stride, channels-first data of
-    # up to 64 channels per group gains the two transposes: 2 CPUs, U-Net's 3x3 64->64 at
-    # 128x128 20-25 ms -> 15-18, nnU-Net's 3x3x3 32->32 155-158 -> 110-112; a strided
-    # channels-last 64->64 ConvTranspose ran 1.2x slower channels-first)
-    limit = (_CHANNELS_FIRST_STRIDE_ONE if not plan.channels_last and set(plan.strides) == {1}
-             else _CHANNELS_FIRST_MAX)
-    channels_first = 1 < ch.cg <= limit
+    channels_first = _backward_data_channels_first(ch, plan)
     phases = (_phases_channels_first if channels_first else
               _phases_depthwise if ch.depthwise else _phases)(plan, grid, ch, w4, b, acc)
     for phase, rows in phases:
@@ -391,9 +394,11 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
 
 def _dense(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     if primitive == "backward_data":
-        return (z.item * (z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout
+        # channels-first data accumulated channels-first: no change of layout either way
+        layout = 0.0 if _backward_data_channels_first(_Channels(plan), plan) else z.layout
+        return (z.item * (z.rows * z.cb * FILL_S + z.mb * z.cb * layout
                           + copy(z.rows * z.t * z.cb, z.og) + copy(z.ma * z.ca, z.run_a)
-                          + z.ma * z.ca * z.layout)
+                          + z.ma * z.ca * layout)
                 + sum(z.g * gemm(z.rows, ts * z.og, z.cg) for ts in z.phases) + z.calls)
     cf = _channels_first(_Channels(plan), plan)     # runs of rows, no change of layout
     gathered = z.rows * z.t * z.ca * COPY_S if cf else copy(z.rows * z.t * z.ca, z.cg)
