@@ -128,6 +128,16 @@ def values():
     args = calls("conv_transpose", (2, (8, 4)), (4, 4), (3, 3, 4, 4), attrs, "NXC",
                  jnp.bfloat16)
     check("conv_transpose", args, attrs, mesh, ("x", "y"), jnp.bfloat16, "bfloat16")
+    # the other weights layouts (the plan's weights_perm), beside channels-first data
+    for op, wshape, fmt in (("convolution", (4, 3, 3, 3), "OIX"),
+                            ("conv_transpose", (3, 4, 3, 3), "IOX")):
+        attrs = dict(strides=2, pads_begin=1, pads_end=1, data_format="NCX",
+                     weights_format=fmt)
+        if op == "conv_transpose":
+            attrs["output_padding"] = 1
+        args = calls(op, (2, (8, 6)), (3, 4), wshape, attrs, "NCX", jnp.float64)
+        check(op, args, attrs, mesh_of(4), ("x",), jnp.float64, f"{op} {fmt}")
+        cases += 1
     # data parallel on top: the batch over one mesh axis, H over the other
     attrs = dict(strides=2, pads_begin=1, pads_end=1)
     args = calls("convolution_backward_weights", (4, (16, 4)), (2, 3), (3, 3, 2, 3), attrs,
