@@ -3,12 +3,13 @@
 ``values``: the six ops on a grid of geometries (overlapping kernels larger than the stride,
 strides, dilations, asymmetric pads, output_padding, groups, both data layouts, bfloat16),
 split over 2, 3, 4 and 8 devices along one spatial axis and over a 2x4 mesh along two, equal
-the unsharded call and the float64 oracle. ``grads``: ``jax.grad`` of the sharded
-Convolution and ConvTranspose equals the unsharded gradient and the oracle's backward ops,
-and the compiled programs' only collectives are the halo permutes (plus the all-reduce of a
-weights gradient or a loss). ``errors``: the refusals. ``distributed PORT ID``: process ID
-of 2 (2 devices each, coordinator on localhost) runs a training step on data split along H
-over the 4 devices and compares it with the step on one device. Prints "<section> ok"."""
+the unsharded call and the float64 oracle. ``grads``: ``jax.grad`` of the sharded Convolution
+and ConvTranspose equals the unsharded gradient and the oracle's backward ops, that of two
+backward ops the unsharded gradient, and the compiled programs' only collectives are the halo
+permutes (plus the all-reduce of a weights gradient or a loss). ``errors``: the refusals.
+``distributed PORT ID``: process ID of 2 (2 devices each, coordinator on localhost) runs a
+training step on data split along H over the 4 devices and compares it with the step on one
+device. Prints "<section> ok"."""
 
 import sys
 from pathlib import Path
@@ -202,6 +203,29 @@ def grads():
             found = collectives(step)
             assert found <= {"collective-permute", "all-reduce"}, (g, op, found)
             assert "collective-permute" in found, (g, op, found)
+    # the backward ops differentiate too: their gradients are the other primitives, sharded
+    kernel, s, d, pb, pe, opad, groups, spatial, (ci, co), n = GRID[1]
+    mesh = mesh_of(n)
+    for op in ("convolution_backward_data", "conv_transpose_backward_weights"):
+        transposed = op in TRANSPOSED
+        attrs = attrs_of(kernel, s, d, pb, pe, opad, groups, transposed)
+        wshape = ((*kernel, ci // groups, co) if not transposed
+                  else (*kernel, co // groups, ci))
+        *arrays, shape = calls(op, (2, spatial), (ci, co), wshape, attrs, "NXC", jnp.float64)
+        ct = jnp.asarray(rng.standard_normal(getattr(polyconv, op)(*arrays, shape,
+                                                                   **attrs).shape))
+
+        def loss(u, v, op=op, attrs=attrs, mesh=mesh, ct=ct, shape=shape):
+            y = polyconv.spatially_sharded(op, u, v, shape, mesh=mesh, spatial=("x",),
+                                           **attrs)
+            return jnp.sum(y * ct)
+
+        def plain_loss(u, v, op=op, attrs=attrs, ct=ct, shape=shape):
+            return jnp.sum(getattr(polyconv, op)(u, v, shape, **attrs) * ct)
+        got = jax.jit(jax.grad(loss, argnums=(0, 1)))(*arrays)
+        want = jax.grad(plain_loss, argnums=(0, 1))(*arrays)
+        for g_, w_ in zip(got, want):
+            np.testing.assert_allclose(g_, w_, rtol=1e-10, atol=1e-10, err_msg=op)
     print("grads ok")
 
 
