@@ -41,8 +41,10 @@ def spatially_sharded(op: str | Any, *args: Any, mesh: Any, spatial: Sequence[st
     Raises
     ------
     ValueError
-        When a split axis's input or output size is not a multiple of its device count, or a
-        device's slab is thinner than the rows its outputs read from a neighbour.
+        When a device's slab is thinner than the rows its outputs read from a neighbour, or
+        the mesh axes named are not the mesh's. (A split axis whose sizes are not multiples
+        of its device count is computed exactly, but arrives and comes back whole: see
+        docs/spatial_sharding.md.)
 
     Examples
     --------

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from polyconv import ConvPlan
 from polyconv._dispatch import _dispatch, _jax_arrays
-from polyconv._halo import even_split, plan_axis_halo
+from polyconv._halo import axis_halo, even_split
 from polyconv._ops import _bound
 from polyconv._optable import lookup
 
@@ -54,6 +54,10 @@ class _Axis:
     crops: tuple[int, ...]     # per device: the output slab's first row in the local result
     local_out: int         # rows of the local output (slab plus the spread of crops)
     pads: tuple[int, int]  # the local plan's pads on this axis
+    in_size: int           # the op's input and output rows, and both rounded up to a
+    out_size: int          # multiple of the device count (zero rows appended to the input,
+    in_padded: int         # the output's extra rows dropped)
+    out_padded: int
 
 
 def _fail(plan: ConvPlan, msg: str) -> None:
@@ -61,23 +65,40 @@ def _fail(plan: ConvPlan, msg: str) -> None:
     raise ValueError(msg)
 
 
-def _split_axis(plan: ConvPlan, axis: int, mesh_axis: str, n: int) -> _Axis:
-    """The exchange and local geometry of one spatial axis split evenly over ``n`` devices."""
-    data = plan.primitive == "backward_data"
+def _sizes(plan: ConvPlan, axis: int) -> tuple[int, int]:
+    """The op's input and output rows on a spatial axis."""
     large, small = plan.a_spatial[axis], plan.b_spatial[axis]
-    in_size, out_size = (small, large) if data else (large, small)
-    for what, size in (("input", in_size), ("output", out_size)):
-        if size % n:
-            _fail(plan, f"spatial axis {axis} has {size} rows in the op's {what} (input "
-                        f"{in_size}, output {out_size}), which do not split evenly over the "
-                        f"{n} devices of mesh axis {mesh_axis!r}; every split axis needs "
-                        f"input and output sizes that are multiples of its device count: "
-                        f"pad or crop the volume, or split this axis over fewer devices")
-    halo = plan_axis_halo(plan, axis, even_split(out_size, n), even_split(in_size, n))
-    own = in_size // n
-    if max(halo.left, halo.right) > own or not halo.neighbours_suffice:
-        fits = [m for m in range(n, 0, -1) if in_size % m == 0 and out_size % m == 0
-                and _neighbours_suffice(plan, axis, m, in_size, out_size)]
+    return (small, large) if plan.primitive == "backward_data" else (large, small)
+
+
+def _padded_halo(plan: ConvPlan, axis: int, n: int):
+    """The shards of ``axis`` over ``n`` devices, its input and output rounded up to
+    multiples of ``n``: the appended input rows are zeros, as the padding past the end is,
+    and the appended output rows are dropped, so the shards' rows mean what they do
+    unpadded (``shard_map`` takes equal blocks)."""
+    in_size, out_size = _sizes(plan, axis)
+    in_padded, out_padded = -(-in_size // n) * n, -(-out_size // n) * n
+    large, small = ((out_padded, in_padded) if plan.primitive == "backward_data"
+                    else (in_padded, out_padded))
+    halo = axis_halo(plan.primitive, large, small, plan.kernel[axis], plan.strides[axis],
+                     plan.dilations[axis], plan.pads_begin[axis],
+                     even_split(out_padded, n), even_split(in_padded, n))
+    return halo, in_padded, out_padded
+
+
+def _fits(halo, own: int) -> bool:
+    return max(halo.left, halo.right) <= own and halo.neighbours_suffice
+
+
+def _split_axis(plan: ConvPlan, axis: int, mesh_axis: str, n: int) -> _Axis:
+    """The exchange and local geometry of one spatial axis split over ``n`` devices."""
+    data = plan.primitive == "backward_data"
+    in_size, out_size = _sizes(plan, axis)
+    halo, in_padded, out_padded = _padded_halo(plan, axis, n)
+    own = in_padded // n
+    if not _fits(halo, own):
+        fits = [m for m in range(n, 0, -1)
+                if _fits(_padded_halo(plan, axis, m)[0], -(-in_size // m))]
         _fail(plan, f"spatial axis {axis} split over the {n} devices of mesh axis "
                     f"{mesh_axis!r} leaves {own} input rows per device, but a device needs "
                     f"{halo.left} rows from below and {halo.right} from above (the kernel's "
@@ -94,7 +115,7 @@ def _split_axis(plan: ConvPlan, axis: int, mesh_axis: str, n: int) -> _Axis:
         starts = [w - shift for w in starts]
         crops = [c + shift * s for c in crops]
         lo = min(crops)
-        local_out = out_size // n + max(crops) - lo
+        local_out = out_padded // n + max(crops) - lo
         stops = [sh.window[1] for sh in halo.shards]
         window = max(b - w for b, w in zip(stops, starts))
         end = s * (window - 1) + ek - lo - local_out
@@ -104,9 +125,9 @@ def _split_axis(plan: ConvPlan, axis: int, mesh_axis: str, n: int) -> _Axis:
         crops = [c - lo for c in crops]
         pads = (lo, end)
     else:
-        window = (out_size // n - 1) * s + ek
+        window = (out_padded // n - 1) * s + ek
         crops = [0] * n
-        local_out = out_size // n
+        local_out = out_padded // n
         pads = (0, 0)
     base = [sh.own[0] - halo.left for sh in halo.shards]
     pad_lo = max(0, max(b - w for b, w in zip(base, starts)))
@@ -114,12 +135,7 @@ def _split_axis(plan: ConvPlan, axis: int, mesh_axis: str, n: int) -> _Axis:
                         for b, w in zip(base, starts)))
     return _Axis(axis, mesh_axis, n, own, halo.left, halo.right, pad_lo, pad_hi, window,
                  tuple(w - b + pad_lo for b, w in zip(base, starts)), tuple(crops), local_out,
-                 pads)
-
-
-def _neighbours_suffice(plan, axis, n, in_size, out_size) -> bool:
-    halo = plan_axis_halo(plan, axis, even_split(out_size, n), even_split(in_size, n))
-    return max(halo.left, halo.right) <= in_size // n and halo.neighbours_suffice
+                 pads, in_size, out_size, in_padded, out_padded)
 
 
 def _local_plan(plan: ConvPlan, axes: Sequence[_Axis], batch_devices: int) -> ConvPlan:
@@ -132,7 +148,7 @@ def _local_plan(plan: ConvPlan, axes: Sequence[_Axis], batch_devices: int) -> Co
         if plan.primitive == "backward_data":
             a_sp[i], b_sp[i] = ax.local_out, ax.window
         else:
-            a_sp[i], b_sp[i] = ax.window, b_sp[i] // ax.devices
+            a_sp[i], b_sp[i] = ax.window, ax.out_padded // ax.devices
         pb[i], pe[i] = ax.pads
         op[i] = 0
     return plan.with_(batch=plan.batch // batch_devices, a_spatial=tuple(a_sp),
@@ -204,7 +220,7 @@ def _sharded_fn(plan: ConvPlan, mesh: Mesh, spatial: tuple[str | None, ...],
         y = run(local, x, *arrays[1:])
         if primitive == "backward_data":
             for ax in axes:
-                y = _cut(y, ax.crops, plan.a_spatial[ax.axis] // ax.devices, ax.mesh_axis,
+                y = _cut(y, ax.crops, ax.out_padded // ax.devices, ax.mesh_axis,
                          dims[ax.axis])
         return y
 
@@ -212,7 +228,31 @@ def _sharded_fn(plan: ConvPlan, mesh: Mesh, spatial: tuple[str | None, ...],
         in_specs, out_specs = (data, data), P()
     else:
         in_specs, out_specs = (data, *(P(),) * (arity - 1)), data
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def run(*arrays):
+        arrays = list(arrays)
+        for ax in axes:
+            dim = dims[ax.axis]
+            arrays[0] = _pad_end(arrays[0], dim, ax.in_padded - ax.in_size)
+            if primitive == "backward_weights":
+                arrays[1] = _pad_end(arrays[1], dim, ax.out_padded - ax.out_size)
+        y = mapped(*arrays)
+        if primitive != "backward_weights":
+            for ax in axes:
+                y = lax.slice_in_dim(y, 0, ax.out_size, axis=dims[ax.axis])
+        return y
+
+    return jax.jit(run)
+
+
+def _pad_end(x, dim: int, rows: int):
+    """``x`` with ``rows`` zero rows appended along ``dim``."""
+    if not rows:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, rows)
+    return jnp.pad(x, widths)
 
 
 def spatially_sharded(op: str | Any, *args: Any, mesh: Mesh,

@@ -2,14 +2,14 @@
 
 ``values``: the six ops on a grid of geometries (overlapping kernels larger than the stride,
 strides, dilations, asymmetric pads, output_padding, groups, both data layouts, bfloat16),
-split over 2, 3, 4 and 8 devices along one spatial axis and over a 2x4 mesh along two, equal
-the unsharded call and the float64 oracle. ``grads``: ``jax.grad`` of the sharded Convolution
-and ConvTranspose equals the unsharded gradient and the oracle's backward ops, that of two
-backward ops the unsharded gradient, and the compiled programs' only collectives are the halo
-permutes (plus the all-reduce of a weights gradient or a loss). ``errors``: the refusals.
-``distributed PORT ID``: process ID of 2 (2 devices each, coordinator on localhost) runs a
-training step on data split along H over the 4 devices and compares it with the step on one
-device. Prints "<section> ok"."""
+split over 2, 3, 4 and 8 devices along one spatial axis (evenly or not) and over a 2x4 mesh
+along two, equal the unsharded call and the float64 oracle. ``grads``: ``jax.grad`` of the
+sharded Convolution and ConvTranspose equals the unsharded gradient and the oracle's backward
+ops, that of two backward ops the unsharded gradient, and the compiled programs' only
+collectives are the halo permutes (plus the all-reduce of a weights gradient or a loss).
+``errors``: the refusals. ``distributed PORT ID``: process ID of 2 (2 devices each,
+coordinator on localhost) runs a training step on data split along H over the 4 devices and
+compares it with the step on one device. Prints "<section> ok"."""
 
 import sys
 from pathlib import Path
@@ -139,6 +139,18 @@ def values():
         args = calls(op, (2, (8, 6)), (3, 4), wshape, attrs, "NCX", jnp.float64)
         check(op, args, attrs, mesh_of(4), ("x",), jnp.float64, f"{op} {fmt}")
         cases += 1
+    # uneven splits: zero rows appended to the input, the output's extra rows dropped
+    for op, spatial, n, attrs in (
+            ("convolution", (10, 5), 4, dict(auto_pad="same_upper")),
+            ("convolution", (13, 5), 8, dict(strides=2, pads_begin=1, pads_end=1)),
+            ("conv_transpose", (7, 5), 4, dict(strides=2, output_padding=1)),
+            ("convolution_backward_weights", (10, 5), 3,
+             dict(strides=2, pads_begin=1, pads_end=1)),
+            ("conv_transpose_backward_data", (5, 4), 3, dict(strides=2))):
+        wshape = (3, 3, 3, 2) if op in TRANSPOSED else (3, 3, 2, 3)
+        args = calls(op, (2, spatial), (2, 3), wshape, attrs, "NXC", jnp.float64)
+        check(op, args, attrs, mesh_of(n), ("x",), jnp.float64, f"uneven {op} on {n}")
+        cases += 1
     # data parallel on top: the batch over one mesh axis, H over the other
     attrs = dict(strides=2, pads_begin=1, pads_end=1)
     args = calls("convolution_backward_weights", (4, (16, 4)), (2, 3), (3, 3, 2, 3), attrs,
@@ -233,12 +245,6 @@ def errors():
     x = jnp.ones((1, 10, 4, 2))
     w = jnp.ones((3, 3, 2, 2))
     cases = [
-        (dict(mesh=mesh_of(4), spatial=("x",), auto_pad="same_upper"),
-         "spatial axis 0 has 10 rows in the op's input"),
-        (dict(mesh=mesh_of(2), spatial=(None, "x"), strides=(1, 4)),
-         "spatial axis 1 has 1 rows in the op's output"),
-        (dict(mesh=mesh_of(8), spatial=("x",), auto_pad="same_upper"),
-         "do not split evenly"),
         (dict(mesh=mesh_of(2), spatial=("z",)), "mesh axis 'z' is not an axis"),
         (dict(mesh=mesh_of(2), spatial=("x",), batch="x"), "name a mesh axis twice"),
         (dict(mesh=mesh_of(2), spatial=(None, None)), "splits no spatial axis"),
@@ -251,16 +257,25 @@ def errors():
             assert text in str(e) and "docs/spatial_sharding.md" in str(e), (text, str(e))
         else:
             raise AssertionError(f"no error for {kwargs}")
-    # a kernel reaching past the neighbour: 8 rows over 8 devices, 7 taps
+    # a kernel reaching past the neighbour: 8 rows over 8 devices, 7 taps (and 10 rows,
+    # uneven: 2 per device)
     try:
         polyconv.spatially_sharded("convolution", jnp.ones((1, 8, 2)), jnp.ones((7, 2, 2)),
                                    mesh=mesh_of(8), spatial=("x",), auto_pad="same_upper")
     except ValueError as e:
         msg = str(e)
         assert "needs 3 rows from below and 3 from above" in msg, msg
-        assert "split this axis over at most 2 devices" in msg, msg
+        assert "split this axis over at most 3 devices" in msg, msg
     else:
         raise AssertionError("no error for a halo past the neighbour")
+    try:
+        polyconv.spatially_sharded("convolution", jnp.ones((1, 10, 2)), jnp.ones((7, 2, 2)),
+                                   mesh=mesh_of(8), spatial=("x",), auto_pad="same_upper")
+    except ValueError as e:
+        assert "leaves 2 input rows per device" in str(e), str(e)
+        assert "split this axis over at most 4 devices" in str(e), str(e)
+    else:
+        raise AssertionError("no error for a halo past the neighbour, uneven")
     print("errors ok")
 
 
