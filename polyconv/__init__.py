@@ -8,7 +8,8 @@ once, by :func:`infer_shape`'s code path, into a :class:`ConvPlan`. :func:`compa
 on every backend against a float64 reference. :func:`implementation` forces a backend's
 implementation by name and :func:`autotune` measures them (off by default);
 :func:`implementations` and :func:`default_implementation` say which there are and which
-one a call gets.
+one a call gets. :func:`spatially_sharded` runs an op on JAX data split along spatial axes
+over a device mesh.
 """
 
 from ._backends import (
@@ -71,11 +72,12 @@ __all__ = [
     "infer_shape",
     "measured",
     "registered_backends",
+    "spatially_sharded",
 ]
 
 # compare() needs numpy; load it on first use so that ``import polyconv`` stays light.
 _LAZY = {"compare": "_compare", "Comparison": "_compare", "BackendResult": "_compare",
-         "convert_weights": "_weights"}
+         "convert_weights": "_weights", "spatially_sharded": "_sharding"}
 
 
 def __getattr__(name: str):

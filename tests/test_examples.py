@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 NEEDS_JAX = {"port_pytorch_conv_transpose.py", "train_decoder.py", "sharded_batch.py",
-             "onnx_attributes_on_jax.py"}
+             "onnx_attributes_on_jax.py", "unet3d_spatially_sharded.py"}
 #: the layers' examples -> the modules each needs (a visible skip where one is missing)
 NEEDS_MODULES = {"dcgan_flax_nnx.py": ("flax", "optax"),
                  "equinox_grouped_conv_transpose.py": ("equinox", "optax"),

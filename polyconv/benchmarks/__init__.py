@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                        "measurements (no timing)"),
     "--overhead": ("overhead", "what polyconv adds around one call, beside each framework's "
                    "own call (tiny layers and a few corpus layers)"),
+    "--spatial": ("spatial", "polyconv.spatially_sharded against XLA's own partitioning: a "
+                  "3-D decoder level split over 2, 4 and 8 host devices"),
 }
 
 
