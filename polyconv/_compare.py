@@ -252,9 +252,9 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
         A name for this case, shown in the report.
     peers : str or sequence of str, optional
         Other frameworks' own operators to check against the same reference and bound
-        (``"torch"``, ``"onnxruntime"``, ``"onnx-reference"``, ``"lax"``, ``"openvino"``, or
-        ``"all"``), for
-        Convolution and ConvTranspose; the outcome is in ``.peers`` and never changes
+        (``"torch"``, ``"onnxruntime"``, ``"onnx-reference"``, ``"lax"``, ``"openvino"``,
+        ``"tensorflow"``, ``"keras"``, ``"flax"``, or ``"all"``), for Convolution and
+        ConvTranspose; the outcome is in ``.peers`` and never changes
         ``.ok`` (a peer's disagreement is a finding about the peer). Peers not installed are
         left out.
     **attrs

@@ -1,10 +1,13 @@
 """Other frameworks' own convolutions ("peers"), called with a polyconv call's meaning.
 
-``polyconv compare --peers`` asks whether PyTorch, onnxruntime, the ONNX reference, ``lax``
-and OpenVINO compute what polyconv's contract says for one call. Each peer translates a resolved
-:class:`~polyconv.ConvPlan` (pads, strides, dilations, groups, output_padding already
-resolved) into its framework's own call, once, here; where the framework has no way to say
-the call it raises :class:`CannotExpress` naming the attribute. A peer imports its framework
+``polyconv compare --peers`` asks whether PyTorch, onnxruntime, the ONNX reference, ``lax``,
+OpenVINO, TensorFlow, Keras and Flax compute what polyconv's contract says for one call. Each
+peer translates a resolved :class:`~polyconv.ConvPlan` (pads, strides, dilations, groups,
+output_padding already resolved) into its framework's own call, once, here; the
+channels-last ones choose among the paddings their framework takes the one that its dialect
+(:mod:`polyconv.dialects`) reads back as the plan's, so each framework's padding rule stays
+written once. Where the framework has no way to say the call a peer raises
+:class:`CannotExpress` naming the attribute. A peer imports its framework
 only when it runs, so ``import polyconv`` stays light.
 
 Every peer gets its operands in the framework-neutral form the ONNX operators take: data
@@ -54,12 +57,16 @@ class Peer:
     run: Callable[..., Any]
     modules: tuple[str, ...] = ()
     install: str = ""
+    #: The version to report, where the distribution's alone is not enough (imports it).
+    describe: Callable[[], str] | None = None
 
     @property
     def version(self) -> str | None:
         """The installed version of the distribution it runs (its last module's name)."""
         from importlib import metadata
 
+        if self.describe is not None:
+            return self.describe()
         try:
             return metadata.version(self.modules[-1]) if self.modules else None
         except metadata.PackageNotFoundError:
@@ -229,6 +236,24 @@ def _torch(plan, x, w, bias):
     return y.double().numpy()
 
 
+def _lax_transpose_pairs(plan) -> list[tuple[int, int]]:
+    """``lax.conv_transpose``'s ``padding`` for a transposed ``plan``: it pads the
+    stride-dilated input, the complement of the forward pads within the kernel; checked
+    against the JAX dialect's reading of it (the one translation of lax's convention)."""
+    from .dialects.jax import transpose_pads
+
+    pairs = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in zip(
+        plan.effective_kernel, plan.pads_begin, plan.pads_end, plan.output_padding)]
+    try:
+        pads = transpose_pads("lax.conv_transpose", pairs, plan.strides,
+                              plan.effective_kernel)
+    except ValueError as exc:
+        raise CannotExpress("pads_begin/pads_end/output_padding", str(exc)) from None
+    if _end_crops(pads) != _end_crops(_pads_of(plan)):
+        raise AssertionError(f"lax padding {pairs} reads back as {pads}")
+    return pairs
+
+
 def _lax(plan, x, w, bias):
     import jax.numpy as jnp
     from jax import lax
@@ -239,12 +264,10 @@ def _lax(plan, x, w, bias):
         if plan.groups != 1:
             raise CannotExpress("groups", f"groups={plan.groups}: jax.lax.conv_transpose has "
                                           "no feature_group_count")
-        # lax pads the stride-dilated input: the forward pads' complement within the kernel
-        pads = [(ek - 1 - b, ek - 1 - e + o) for ek, b, e, o in zip(
-            plan.effective_kernel, plan.pads_begin, plan.pads_end, plan.output_padding)]
-        y = lax.conv_transpose(jnp.asarray(x), jnp.asarray(w), plan.strides, pads,
-                               rhs_dilation=plan.dilations, dimension_numbers=dn,
-                               transpose_kernel=True, precision=lax.Precision.HIGHEST)
+        y = lax.conv_transpose(jnp.asarray(x), jnp.asarray(w), plan.strides,
+                               _lax_transpose_pairs(plan), rhs_dilation=plan.dilations,
+                               dimension_numbers=dn, transpose_kernel=True,
+                               precision=lax.Precision.HIGHEST)
     else:
         y = lax.conv_general_dilated(jnp.asarray(x), jnp.asarray(w), plan.strides,
                                      list(zip(plan.pads_begin, plan.pads_end)),
@@ -286,6 +309,225 @@ def _openvino(plan, x, w, bias):
     return compiled(x)[0]
 
 
+# --------------------------------------------------------------------------------------------
+# channels-last peers (TensorFlow, Keras, Flax): their arguments found through the dialects
+# --------------------------------------------------------------------------------------------
+
+
+def _pads_of(plan) -> dict[str, tuple[int, ...]]:
+    return {"pads_begin": plan.pads_begin, "pads_end": plan.pads_end,
+            "output_padding": plan.output_padding}
+
+
+def _end_crops(pads: dict[str, tuple[int, ...]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The begin and end crops that pads mean (only ``pads_end - output_padding`` counts)."""
+    opad = pads.get("output_padding") or (0,) * len(pads["pads_begin"])
+    return tuple(pads["pads_begin"]), tuple(e - o for e, o in zip(pads["pads_end"], opad))
+
+
+def _nxc(x):
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+def _kernel_last(plan, w):
+    """``[Cb, Ca/G, K..]`` as TensorFlow's, Keras's and Flax's kernel: ``[K.., Ca/G, Cb]``
+    (``XIO``) for a convolution, ``[K.., Ca, Cb]`` (``XOI``) transposed (groups of 1)."""
+    return np.ascontiguousarray(np.moveaxis(w, (0, 1), (-1, -2)))
+
+
+def _means(plan, keywords: dict[str, Any], src_shape, weights_shape) -> bool:
+    """Whether a dialect's keywords, on these shapes, resolve to ``plan``'s geometry."""
+    from ._ops import infer_shape
+
+    fn = "conv_transpose" if _transposed(plan) else "convolution"
+    try:
+        got = infer_shape(fn, src_shape, weights_shape, **keywords)
+    except (ValueError, TypeError):
+        return False
+    same = ("primitive", "groups", "a_spatial", "b_spatial", "kernel", "strides", "dilations")
+    return (all(getattr(got, f) == getattr(plan, f) for f in same)
+            and _end_crops(_pads_of(got)) == _end_crops(_pads_of(plan)))
+
+
+def _first_meaning(plan, candidates, who: str, allowed: str) -> dict[str, Any]:
+    """The first of ``candidates`` (``(arguments, their dialect keywords or None)``) that
+    means ``plan``, else :class:`CannotExpress` saying which pads the framework can take."""
+    for args, keywords, shapes in candidates:
+        if keywords is not None and _means(plan, keywords, *shapes):
+            return args
+    attribute = "pads_begin/pads_end/output_padding" if _transposed(plan) and any(
+        plan.output_padding) else "pads_begin/pads_end"
+    raise CannotExpress(attribute, (
+        f"pads {plan.pads_begin}/{plan.pads_end}"
+        + (f" with output_padding {plan.output_padding}" if _transposed(plan) else "")
+        + f": {who} takes {allowed}, and none of them gives these"))
+
+
+def _dialect_keywords(fn, *args, **kw):
+    """A dialect's keywords, or ``None`` where it refuses the arguments."""
+    try:
+        return fn(*args, **kw)
+    except (ValueError, TypeError):
+        return None
+
+
+def _tf_arguments(plan, x_shape, w_shape) -> tuple[str, dict[str, Any]]:
+    """The ``tf.nn`` function and its keywords that mean ``plan`` (read back through
+    :mod:`polyconv.dialects.tensorflow`)."""
+    from .dialects import tensorflow as dialect
+
+    n, g = plan.ndim, plan.groups
+    if n not in (1, 2, 3):
+        raise CannotExpress("rank", f"{n} spatial axes: tf.nn has conv1d, conv2d and conv3d")
+    transposed = _transposed(plan)
+    out_shape = (plan.batch, *plan.a_spatial, plan.a_channels)
+    depthwise = (not transposed and g > 1 and g == plan.a_channels and n == 2)
+    if transposed and g > 1:
+        raise CannotExpress("groups", f"groups={g}: tf.nn.conv{n}d_transpose has no groups")
+    if transposed and any(d > 1 for d in plan.dilations):
+        raise CannotExpress("dilations", f"dilations {plan.dilations}: TensorFlow's CPU "
+                                         "transposed convolution takes dilation 1 only")
+    if depthwise:
+        op, fn, poly_w = ("depthwise_conv2d", "depthwise_conv2d",
+                          (*plan.kernel, 1, plan.b_channels))
+        w_shape = (*plan.kernel, g, plan.b_channels // g)
+    else:
+        op, fn, poly_w = (("conv_transpose", f"conv{n}d_transpose", w_shape) if transposed
+                          else ("conv", f"conv{n}d", w_shape))
+    paddings = ["VALID", "SAME"]
+    if n == 2 and min((*plan.pads_begin, *plan.pads_end)) >= 0:   # explicit: conv2d only
+        paddings.insert(0, [[0, 0], *zip(plan.pads_begin, plan.pads_end), [0, 0]])
+    candidates = []
+    for padding in paddings:
+        kw = {"strides": plan.strides, "padding": padding, "dilations": plan.dilations}
+        if transposed:
+            kw["output_shape"] = out_shape
+        candidates.append(({**kw, "padding": [list(p) for p in padding]
+                            if not isinstance(padding, str) else padding},
+                           _dialect_keywords(dialect.keywords, op, x_shape, w_shape, **kw),
+                           (x_shape, poly_w)))
+    allowed = "'SAME', 'VALID'" + (" or explicit pads" if n == 2 else
+                                   " (explicit pads are conv2d's only)")
+    return fn, _first_meaning(plan, candidates, f"tf.nn.{fn}", allowed)
+
+
+def _tensorflow(plan, x, w, bias):
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up banner
+    import tensorflow as tf
+
+    x, w = _nxc(x), _kernel_last(plan, w)
+    if _transposed(plan) is False and plan.groups > 1 and plan.groups == plan.a_channels \
+            and plan.ndim == 2:
+        w = w.reshape(*plan.kernel, plan.groups, plan.b_channels // plan.groups)
+    fn, kw = _tf_arguments(plan, x.shape, w.shape)
+    if fn == "depthwise_conv2d":
+        kw["strides"] = [1, *kw["strides"], 1]
+    elif fn == "conv1d":
+        kw["stride"] = kw.pop("strides")
+    elif plan.ndim == 3:   # conv3d and conv3d_transpose take TensorFlow's N + 2 form only
+        kw["strides"], kw["dilations"] = ([1, *kw[k], 1] for k in ("strides", "dilations"))
+    y = getattr(tf.nn, fn)(tf.constant(x), tf.constant(w), **kw)
+    if bias is not None:
+        y = y + tf.constant(bias)
+    return np.moveaxis(np.asarray(y).astype(np.float64), -1, 1)
+
+
+def _keras_arguments(plan, x_shape, w_shape) -> dict[str, Any]:
+    """``keras.ops.conv`` / ``conv_transpose``'s keywords that mean ``plan`` (read back
+    through :mod:`polyconv.dialects.keras`)."""
+    from .dialects import keras as dialect
+
+    transposed = _transposed(plan)
+    if transposed and plan.groups > 1:
+        raise CannotExpress("groups", f"groups={plan.groups}: keras.ops.conv_transpose has "
+                                      "no groups")
+    if _keras_on_tensorflow():
+        if transposed and any(d > 1 for d in plan.dilations):
+            raise CannotExpress("dilations", f"dilations {plan.dilations}: Keras's "
+                                "TensorFlow backend transposes with dilation 1 only on CPU")
+        if any(s > 1 for s in plan.strides) and any(d > 1 for d in plan.dilations):
+            raise CannotExpress("strides/dilations", (
+                f"strides {plan.strides} with dilations {plan.dilations}: Keras's TensorFlow "
+                "backend (tf.nn.convolution) takes strides > 1 with dilation 1 only"))
+    op = "conv_transpose" if transposed else "conv"
+    opads = [None, plan.output_padding] if transposed else [None]
+    candidates = []
+    for padding in ("valid", "same"):
+        for opad in opads:
+            kw = {"strides": plan.strides, "padding": padding, "dilation_rate": plan.dilations,
+                  "data_format": "channels_last"}
+            if transposed:
+                kw["output_padding"] = opad
+            candidates.append((kw, _dialect_keywords(dialect.keywords, op, x_shape, w_shape,
+                                                     **kw), (x_shape, w_shape)))
+    allowed = ("padding 'valid' or 'same'" +
+               (" with or without output_padding" if transposed else ""))
+    return _first_meaning(plan, candidates, f"keras.ops.{op}", allowed)
+
+
+def _keras_on_tensorflow() -> bool:
+    import keras
+
+    return keras.backend.backend() == "tensorflow"
+
+
+def _keras(plan, x, w, bias):
+    import keras
+
+    x, w = _nxc(x), _kernel_last(plan, w)
+    kw = _keras_arguments(plan, x.shape, w.shape)
+    fn = keras.ops.conv_transpose if _transposed(plan) else keras.ops.conv
+    y = fn(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(w), **kw)
+    if bias is not None:
+        y = y + keras.ops.convert_to_tensor(bias)
+    return np.moveaxis(keras.ops.convert_to_numpy(y).astype(np.float64), -1, 1)
+
+
+def _tensorflow_version() -> str | None:
+    from importlib import metadata
+
+    for name in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def _keras_backend() -> str:
+    import keras
+
+    return f"{keras.__version__} ({keras.backend.backend()} backend)"
+
+
+def _flax(plan, x, w, bias):
+    import jax.numpy as jnp
+    from flax import linen
+    from jax import lax
+
+    x, w = _nxc(x), _kernel_last(plan, w)
+    common = {"features": plan.a_channels if _transposed(plan) else plan.b_channels,
+              "kernel_size": plan.kernel, "strides": plan.strides,
+              "kernel_dilation": plan.dilations, "use_bias": bias is not None,
+              "dtype": x.dtype, "param_dtype": x.dtype, "precision": lax.Precision.HIGHEST}
+    if _transposed(plan):
+        if plan.groups != 1:
+            raise CannotExpress("groups", f"groups={plan.groups}: flax.linen.ConvTranspose "
+                                          "has no feature_group_count")
+        layer = linen.ConvTranspose(padding=_lax_transpose_pairs(plan), transpose_kernel=True,
+                                    **common)
+    else:
+        layer = linen.Conv(padding=list(zip(plan.pads_begin, plan.pads_end)),
+                           feature_group_count=plan.groups, **common)
+    params = {"kernel": jnp.asarray(w)}
+    if bias is not None:
+        params["bias"] = jnp.asarray(bias)
+    y = layer.apply({"params": params}, jnp.asarray(x))
+    return np.moveaxis(np.asarray(y).astype(np.float64), -1, 1)
+
+
 #: Every built-in peer, in report order.
 PEERS: tuple[Peer, ...] = (
     Peer("torch", _torch, ("torch",), "pip install torch"),
@@ -293,6 +535,11 @@ PEERS: tuple[Peer, ...] = (
     Peer("onnx-reference", _onnx_reference, ("onnx",), "pip install onnx"),
     Peer("lax", _lax, ("jax",), "pip install jax"),
     Peer("openvino", _openvino, ("openvino",), "pip install openvino"),
+    Peer("tensorflow", _tensorflow, ("tensorflow",), "pip install tensorflow-cpu",
+         _tensorflow_version),
+    Peer("keras", _keras, ("keras",), "pip install keras (and a backend: tensorflow, jax "
+         "or torch)", _keras_backend),
+    Peer("flax", _flax, ("jax", "flax"), "pip install flax"),
 )
 
 
