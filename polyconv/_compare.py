@@ -39,7 +39,7 @@ from ._formatting import (
 )
 from ._ops import infer_shape
 from ._optable import lookup
-from ._peers import PEER_OPS, CannotExpress, Peer, PeerResult, peer_names, peer_operands
+from ._peers import PEER_OPS, CannotExpress, Peer, PeerResult, peer_names, peer_output
 
 __all__ = ["BackendResult", "Comparison", "compare"]
 
@@ -419,18 +419,15 @@ def _run_backend(fn, backend: str, dtype: str, shape: tuple[int, ...], call_args
 
 def run_peer(peer: Peer, plan, arrays: dict[str, np.ndarray], y_exact: np.ndarray,
              bound: np.ndarray) -> PeerResult:
-    """``peer`` on one forward call (``arrays``: ``src``, ``weights``, optional ``bias`` in
-    the call's layouts), checked against the call's float64 reference and bound."""
+    """``peer`` on one call (``arrays``: the op's inputs by role, in the call's layouts),
+    checked against the call's float64 reference and bound."""
     try:
-        y = peer.run(plan, *peer_operands(plan, arrays))
+        y = peer_output(peer, plan, arrays)
     except CannotExpress as exc:
         return PeerResult(peer.name, "cannot express", detail=str(exc))
     except Exception as exc:  # the peer's own failure is a finding about the peer
         text = " ".join(str(exc).split())
         return PeerResult(peer.name, "raises", detail=f"{type(exc).__name__}: {text[:300]}")
-    y = np.asarray(y, np.float64)
-    if plan.channels_last:
-        y = np.moveaxis(y, 1, -1)
     if y.shape != y_exact.shape:
         return PeerResult(peer.name, "disagrees", math.inf, math.inf,
                           detail=f"shape {y.shape}, expected {y_exact.shape}")

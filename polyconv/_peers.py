@@ -19,6 +19,7 @@ bound as polyconv's own backends (:func:`polyconv.compare`).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from collections.abc import Callable, Sequence
@@ -30,10 +31,13 @@ import numpy as np
 from ._formatting import _json_float
 
 __all__ = ["PEERS", "CannotExpress", "Peer", "PeerResult", "onnx_model", "peer_names",
-           "peer_operands"]
+           "peer_operands", "peer_output"]
 
-#: The ops a peer computes: the forward op of each family.
-PEER_OPS = ("convolution", "conv_transpose")
+#: The ops a peer computes: the forward op of each family, and their data and weights
+#: gradients (by the peer's own autodiff of its forward op).
+FORWARD_OPS = ("convolution", "conv_transpose")
+PEER_OPS = (*FORWARD_OPS, "convolution_backward_data", "convolution_backward_weights",
+            "conv_transpose_backward_data", "conv_transpose_backward_weights")
 
 
 class CannotExpress(Exception):
@@ -57,6 +61,11 @@ class Peer:
     run: Callable[..., Any]
     modules: tuple[str, ...] = ()
     install: str = ""
+    #: ``grad(plan, x, w, dy, wrt)``: the gradient of the family's forward ``plan`` with
+    #: respect to ``wrt`` (``"src"`` or ``"weights"``), as ``run`` takes and gives arrays;
+    #: ``None`` where the framework has none, ``no_grad`` saying why.
+    grad: Callable[..., Any] | None = None
+    no_grad: str = ""
     #: The version to report, where the distribution's alone is not enough (imports it).
     describe: Callable[[], str] | None = None
 
@@ -111,6 +120,115 @@ class PeerResult:
             return (f"DISAGREES: max abs error {self.max_abs_error:.3g}, err/bound "
                     f"{self.max_ratio:.3g}{at}{'; ' + self.detail if self.detail else ''}")
         return f"{self.status}: {self.detail}"
+
+
+# --------------------------------------------------------------------------------------------
+# a framework's call, run forward or differentiated by the framework's own autodiff
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One framework's own operator on one plan: ``fn(x, w, b)`` on the framework's arrays
+    (``b`` may be ``None``), ``x`` and ``w`` numpy in the framework's layouts, ``kind`` the
+    array library (``"torch"``, ``"jax"``, ``"tensorflow"``) whose autodiff gives the
+    gradients; ``kernel_back`` turns a kernel-shaped array back into ``[Cb, Ca/G, K..]``."""
+
+    kind: str
+    fn: Callable[..., Any]
+    x: np.ndarray
+    w: np.ndarray
+    channels_last: bool = False
+    kernel_back: Callable[[np.ndarray], np.ndarray] = lambda g: g
+    #: ``(attribute, why)`` where the framework has no gradient of this call
+    no_grad: tuple[str, str] | None = None
+
+
+def _tensor(kind: str, a):
+    if a is None:
+        return None
+    if kind == "torch":
+        import torch
+
+        return torch.from_numpy(np.asarray(a, np.float64)).to(getattr(torch, str(a.dtype)))
+    if kind == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(a)
+    if kind == "tensorflow":
+        import tensorflow as tf
+
+        return tf.constant(a)
+    raise CannotExpress("backend", f"this peer has no way to run arrays of {kind!r}")
+
+
+def _numpy(kind: str, y) -> np.ndarray:
+    if kind == "torch":
+        return y.detach().double().numpy()
+    return np.asarray(y).astype(np.float64)
+
+
+def _forward(make: Callable[..., _Call]) -> Callable[..., np.ndarray]:
+    """A peer's ``run``: the call made by ``make(plan, x, w)`` run forward, channels-first."""
+
+    def run(plan, x, w, bias):
+        call = make(plan, x, w)
+        if call.kind == "torch":
+            import torch
+
+            with torch.no_grad():
+                y = call.fn(*(_tensor("torch", a) for a in (call.x, call.w, bias)))
+        else:
+            y = call.fn(*(_tensor(call.kind, a) for a in (call.x, call.w, bias)))
+        y = _numpy(call.kind, y)
+        return np.moveaxis(y, -1, 1) if call.channels_last else y
+
+    return run
+
+
+def _vjp(call: _Call, dy: np.ndarray, wrt: str) -> np.ndarray:
+    """The framework's own gradient of ``call`` with respect to ``wrt`` (``"src"`` or
+    ``"weights"``) for the output cotangent ``dy`` (in the framework's layout)."""
+    kind = call.kind
+    x, w, g = (_tensor(kind, a) for a in (call.x, call.w, dy))
+    if kind == "torch":
+        import torch
+
+        target = (x if wrt == "src" else w).requires_grad_(True)
+        (out,) = torch.autograd.grad(call.fn(x, w, None), target, g)
+    elif kind == "jax":
+        import jax
+
+        f = (lambda a: call.fn(a, w, None)) if wrt == "src" else (lambda a: call.fn(x, a, None))
+        y, pull = jax.vjp(f, x if wrt == "src" else w)
+        (out,) = pull(g.astype(y.dtype))
+    else:
+        import tensorflow as tf
+
+        target = x if wrt == "src" else w
+        with tf.GradientTape() as tape:
+            tape.watch(target)
+            y = call.fn(x, w, None)
+        out = tape.gradient(y, target, output_gradients=g)
+    return _numpy(kind, out)
+
+
+def _gradient(make: Callable[..., _Call]) -> Callable[..., np.ndarray]:
+    """A peer's ``grad``: ``grad(plan, x, w, dy, wrt)`` on the family's forward ``plan``,
+    operands channels-first and ``[Cb, Ca/G, K..]``, by the framework's autodiff."""
+
+    def grad(plan, x, w, dy, wrt):
+        call = make(plan, x, w)
+        if call.no_grad is not None:
+            raise CannotExpress(*call.no_grad)
+        if call.channels_last:
+            dy = _nxc(dy)
+        g = _vjp(call, dy, wrt)
+        if wrt == "weights":
+            return call.kernel_back(g)
+        return np.moveaxis(g, -1, 1) if call.channels_last else g
+
+    return grad
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,30 +328,20 @@ def _torch_pads(plan) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return begin, opad
 
 
-def _torch(plan, x, w, bias):
-    import torch
+def _torch_call(plan, x, w) -> _Call:
     import torch.nn.functional as F
 
     if plan.ndim not in (1, 2, 3):
         raise CannotExpress("rank", f"{plan.ndim} spatial axes: torch.nn.functional has 1, "
                                     "2 and 3")
     padding, opad = _torch_pads(plan)
-
-    def tensor(a):
-        if a is None:
-            return None
-        dtype = getattr(torch, str(a.dtype))
-        return torch.from_numpy(np.asarray(a, np.float64)).to(dtype)
-
     kw = {"stride": plan.strides, "padding": padding, "dilation": plan.dilations,
           "groups": plan.groups}
-    with torch.no_grad():
-        if _transposed(plan):
-            fn = getattr(F, f"conv_transpose{plan.ndim}d")
-            y = fn(tensor(x), tensor(w), tensor(bias), output_padding=opad, **kw)
-        else:
-            y = getattr(F, f"conv{plan.ndim}d")(tensor(x), tensor(w), tensor(bias), **kw)
-    return y.double().numpy()
+    if _transposed(plan):
+        conv = getattr(F, f"conv_transpose{plan.ndim}d")
+        return _Call("torch", lambda x, w, b: conv(x, w, b, output_padding=opad, **kw), x, w)
+    conv = getattr(F, f"conv{plan.ndim}d")
+    return _Call("torch", lambda x, w, b: conv(x, w, b, **kw), x, w)
 
 
 def _lax_transpose_pairs(plan) -> list[tuple[int, int]]:
@@ -254,29 +362,28 @@ def _lax_transpose_pairs(plan) -> list[tuple[int, int]]:
     return pairs
 
 
-def _lax(plan, x, w, bias):
-    import jax.numpy as jnp
+def _lax_call(plan, x, w) -> _Call:
     from jax import lax
 
     sp = "DHW"[-plan.ndim:] if plan.ndim <= 3 else "".join(str(i) for i in range(plan.ndim))
     dn = (f"NC{sp}", f"OI{sp}", f"NC{sp}")
+    shape = (1, -1) + (1,) * plan.ndim
+
+    def with_bias(y, b):
+        return y if b is None else y + b.reshape(shape)
+
     if _transposed(plan):
         if plan.groups != 1:
             raise CannotExpress("groups", f"groups={plan.groups}: jax.lax.conv_transpose has "
                                           "no feature_group_count")
-        y = lax.conv_transpose(jnp.asarray(x), jnp.asarray(w), plan.strides,
-                               _lax_transpose_pairs(plan), rhs_dilation=plan.dilations,
-                               dimension_numbers=dn, transpose_kernel=True,
-                               precision=lax.Precision.HIGHEST)
-    else:
-        y = lax.conv_general_dilated(jnp.asarray(x), jnp.asarray(w), plan.strides,
-                                     list(zip(plan.pads_begin, plan.pads_end)),
-                                     rhs_dilation=plan.dilations, dimension_numbers=dn,
-                                     feature_group_count=plan.groups,
-                                     precision=lax.Precision.HIGHEST)
-    if bias is not None:
-        y = y + jnp.asarray(bias).reshape((1, -1) + (1,) * plan.ndim)
-    return np.asarray(y).astype(np.float64)
+        pairs = _lax_transpose_pairs(plan)
+        return _Call("jax", lambda x, w, b: with_bias(lax.conv_transpose(
+            x, w, plan.strides, pairs, rhs_dilation=plan.dilations, dimension_numbers=dn,
+            transpose_kernel=True, precision=lax.Precision.HIGHEST), b), x, w)
+    pads = list(zip(plan.pads_begin, plan.pads_end))
+    return _Call("jax", lambda x, w, b: with_bias(lax.conv_general_dilated(
+        x, w, plan.strides, pads, rhs_dilation=plan.dilations, dimension_numbers=dn,
+        feature_group_count=plan.groups, precision=lax.Precision.HIGHEST), b), x, w)
 
 
 def _openvino(plan, x, w, bias):
@@ -333,6 +440,13 @@ def _kernel_last(plan, w):
     """``[Cb, Ca/G, K..]`` as TensorFlow's, Keras's and Flax's kernel: ``[K.., Ca/G, Cb]``
     (``XIO``) for a convolution, ``[K.., Ca, Cb]`` (``XOI``) transposed (groups of 1)."""
     return np.ascontiguousarray(np.moveaxis(w, (0, 1), (-1, -2)))
+
+
+def _kernel_back(plan, g):
+    """A kernel-shaped gradient from :func:`_kernel_last`'s layout (or TensorFlow's
+    depthwise ``[KH, KW, IC, multiplier]``) back to ``[Cb, Ca/G, K..]``."""
+    g = g.reshape(*plan.kernel, plan.w_shape[1], plan.w_shape[0])
+    return np.ascontiguousarray(np.moveaxis(g, (-1, -2), (0, 1)))
 
 
 def _means(plan, keywords: dict[str, Any], src_shape, weights_shape) -> bool:
@@ -411,15 +525,16 @@ def _tf_arguments(plan, x_shape, w_shape) -> tuple[str, dict[str, Any]]:
     return fn, _first_meaning(plan, candidates, f"tf.nn.{fn}", allowed)
 
 
-def _tensorflow(plan, x, w, bias):
+def _tensorflow_call(plan, x, w) -> _Call:
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's start-up banner
     import tensorflow as tf
 
     x, w = _nxc(x), _kernel_last(plan, w)
-    if _transposed(plan) is False and plan.groups > 1 and plan.groups == plan.a_channels \
-            and plan.ndim == 2:
+    depthwise = (not _transposed(plan) and plan.groups > 1 and plan.ndim == 2
+                 and plan.groups == plan.a_channels)
+    if depthwise:   # [KH, KW, 1, IC * multiplier] as [KH, KW, IC, multiplier]
         w = w.reshape(*plan.kernel, plan.groups, plan.b_channels // plan.groups)
     fn, kw = _tf_arguments(plan, x.shape, w.shape)
     if fn == "depthwise_conv2d":
@@ -428,10 +543,17 @@ def _tensorflow(plan, x, w, bias):
         kw["stride"] = kw.pop("strides")
     elif plan.ndim == 3:   # conv3d and conv3d_transpose take TensorFlow's N + 2 form only
         kw["strides"], kw["dilations"] = ([1, *kw[k], 1] for k in ("strides", "dilations"))
-    y = getattr(tf.nn, fn)(tf.constant(x), tf.constant(w), **kw)
-    if bias is not None:
-        y = y + tf.constant(bias)
-    return np.moveaxis(np.asarray(y).astype(np.float64), -1, 1)
+    conv = getattr(tf.nn, fn)
+    no_grad = None   # what TensorFlow's CPU kernels refuse to differentiate
+    if any(d > 1 for d in plan.dilations):
+        no_grad = ("dilations", f"dilations {plan.dilations}: TensorFlow's CPU gradient "
+                                "kernels (Conv2DBackpropInput) take dilation 1 only")
+    elif plan.groups > 1 and not depthwise:
+        no_grad = ("groups", f"groups={plan.groups}: TensorFlow has no CPU gradient of a "
+                             "grouped convolution")
+    return _Call("tensorflow", lambda x, w, b: conv(x, w, **kw) if b is None
+                 else conv(x, w, **kw) + b, x, w, channels_last=True,
+                 kernel_back=lambda g: _kernel_back(plan, g), no_grad=no_grad)
 
 
 def _keras_arguments(plan, x_shape, w_shape) -> dict[str, Any]:
@@ -473,16 +595,15 @@ def _keras_on_tensorflow() -> bool:
     return keras.backend.backend() == "tensorflow"
 
 
-def _keras(plan, x, w, bias):
+def _keras_call(plan, x, w) -> _Call:
     import keras
 
     x, w = _nxc(x), _kernel_last(plan, w)
     kw = _keras_arguments(plan, x.shape, w.shape)
-    fn = keras.ops.conv_transpose if _transposed(plan) else keras.ops.conv
-    y = fn(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(w), **kw)
-    if bias is not None:
-        y = y + keras.ops.convert_to_tensor(bias)
-    return np.moveaxis(keras.ops.convert_to_numpy(y).astype(np.float64), -1, 1)
+    conv = keras.ops.conv_transpose if _transposed(plan) else keras.ops.conv
+    return _Call(keras.backend.backend(), lambda x, w, b: conv(x, w, **kw) if b is None
+                 else conv(x, w, **kw) + b, x, w, channels_last=True,
+                 kernel_back=lambda g: _kernel_back(plan, g))
 
 
 def _tensorflow_version() -> str | None:
@@ -502,44 +623,56 @@ def _keras_backend() -> str:
     return f"{keras.__version__} ({keras.backend.backend()} backend)"
 
 
-def _flax(plan, x, w, bias):
-    import jax.numpy as jnp
+def _flax_call(plan, x, w) -> _Call:
     from flax import linen
     from jax import lax
 
     x, w = _nxc(x), _kernel_last(plan, w)
     common = {"features": plan.a_channels if _transposed(plan) else plan.b_channels,
               "kernel_size": plan.kernel, "strides": plan.strides,
-              "kernel_dilation": plan.dilations, "use_bias": bias is not None,
-              "dtype": x.dtype, "param_dtype": x.dtype, "precision": lax.Precision.HIGHEST}
+              "kernel_dilation": plan.dilations, "dtype": x.dtype, "param_dtype": x.dtype,
+              "precision": lax.Precision.HIGHEST}
     if _transposed(plan):
         if plan.groups != 1:
             raise CannotExpress("groups", f"groups={plan.groups}: flax.linen.ConvTranspose "
                                           "has no feature_group_count")
-        layer = linen.ConvTranspose(padding=_lax_transpose_pairs(plan), transpose_kernel=True,
-                                    **common)
+        layer = functools.partial(linen.ConvTranspose, padding=_lax_transpose_pairs(plan),
+                                  transpose_kernel=True, **common)
     else:
-        layer = linen.Conv(padding=list(zip(plan.pads_begin, plan.pads_end)),
-                           feature_group_count=plan.groups, **common)
-    params = {"kernel": jnp.asarray(w)}
-    if bias is not None:
-        params["bias"] = jnp.asarray(bias)
-    y = layer.apply({"params": params}, jnp.asarray(x))
-    return np.moveaxis(np.asarray(y).astype(np.float64), -1, 1)
+        layer = functools.partial(linen.Conv, padding=list(zip(plan.pads_begin, plan.pads_end)),
+                                  feature_group_count=plan.groups, **common)
 
+    def apply(x, w, b):
+        params = {"kernel": w} if b is None else {"kernel": w, "bias": b}
+        return layer(use_bias=b is not None).apply({"params": params}, x)
+
+    return _Call("jax", apply, x, w, channels_last=True,
+                 kernel_back=lambda g: _kernel_back(plan, g))
+
+
+_ONNX_NO_GRAD = ("ONNX's Conv and ConvTranspose are forward operators and ONNX has no "
+                 "convolution gradient operator (the data gradient of one family is the "
+                 "other family's forward op, checked there)")
 
 #: Every built-in peer, in report order.
 PEERS: tuple[Peer, ...] = (
-    Peer("torch", _torch, ("torch",), "pip install torch"),
-    Peer("onnxruntime", _onnxruntime, ("onnx", "onnxruntime"), "pip install onnx onnxruntime"),
-    Peer("onnx-reference", _onnx_reference, ("onnx",), "pip install onnx"),
-    Peer("lax", _lax, ("jax",), "pip install jax"),
-    Peer("openvino", _openvino, ("openvino",), "pip install openvino"),
-    Peer("tensorflow", _tensorflow, ("tensorflow",), "pip install tensorflow-cpu",
-         _tensorflow_version),
-    Peer("keras", _keras, ("keras",), "pip install keras (and a backend: tensorflow, jax "
-         "or torch)", _keras_backend),
-    Peer("flax", _flax, ("jax", "flax"), "pip install flax"),
+    Peer("torch", _forward(_torch_call), ("torch",), "pip install torch",
+         grad=_gradient(_torch_call)),
+    Peer("onnxruntime", _onnxruntime, ("onnx", "onnxruntime"), "pip install onnx onnxruntime",
+         no_grad=_ONNX_NO_GRAD),
+    Peer("onnx-reference", _onnx_reference, ("onnx",), "pip install onnx",
+         no_grad=_ONNX_NO_GRAD),
+    Peer("lax", _forward(_lax_call), ("jax",), "pip install jax", grad=_gradient(_lax_call)),
+    Peer("openvino", _openvino, ("openvino",), "pip install openvino", no_grad=(
+        "OpenVINO is an inference runtime: its opsets have no weights gradient and no "
+        "autodiff (its ConvolutionBackpropData is the transposed convolution, checked as "
+        "ConvTranspose)")),
+    Peer("tensorflow", _forward(_tensorflow_call), ("tensorflow",), "pip install tensorflow-cpu",
+         describe=_tensorflow_version, grad=_gradient(_tensorflow_call)),
+    Peer("keras", _forward(_keras_call), ("keras",), "pip install keras (and a backend: "
+         "tensorflow, jax or torch)", describe=_keras_backend, grad=_gradient(_keras_call)),
+    Peer("flax", _forward(_flax_call), ("jax", "flax"), "pip install flax",
+         grad=_gradient(_flax_call)),
 )
 
 
@@ -578,3 +711,31 @@ def peer_operands(plan, arrays: dict[str, np.ndarray]) -> tuple[Any, Any, Any]:
     x = np.moveaxis(arrays["src"], -1, 1) if plan.channels_last else arrays["src"]
     w = np.transpose(arrays["weights"], plan.weights_perm)
     return np.ascontiguousarray(x), np.ascontiguousarray(w), arrays.get("bias")
+
+
+def peer_output(peer: Peer, plan, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """``peer``'s output for one call of any of :data:`PEER_OPS` (``arrays`` by role, in the
+    call's layouts), in the call's output layout. A gradient op runs as the peer's autodiff
+    of the family's forward op, the other operand zero (the gradient does not read it)."""
+    if plan.op in FORWARD_OPS:
+        y = np.asarray(peer.run(plan, *peer_operands(plan, arrays)), np.float64)
+        return np.moveaxis(y, 1, -1) if plan.channels_last else y
+    if peer.grad is None:
+        raise CannotExpress("op", f"{plan.op}: {peer.no_grad}")
+    transposed_family = plan.op.startswith("conv_transpose")
+    forward = plan.with_(primitive="backward_data" if transposed_family else "forward",
+                         op="conv_transpose" if transposed_family else "convolution")
+    x_shape = _ncx(forward, forward.b_shape if transposed_family else forward.a_shape)
+
+    def ncx(a):
+        return np.ascontiguousarray(np.moveaxis(a, -1, 1) if plan.channels_last else a)
+
+    dy = ncx(arrays["diff_dst"])
+    if plan.op.endswith("backward_data"):
+        w = np.ascontiguousarray(np.transpose(arrays["weights"], plan.weights_perm))
+        g = peer.grad(forward, np.zeros(x_shape, dy.dtype), w, dy, "src")
+        g = np.asarray(g, np.float64)
+        return np.moveaxis(g, 1, -1) if plan.channels_last else g
+    g = peer.grad(forward, ncx(arrays["src"]), np.zeros(forward.w_shape, dy.dtype), dy,
+                  "weights")
+    return np.transpose(np.asarray(g, np.float64), plan.weights_inverse_perm)
