@@ -244,19 +244,44 @@ def _transposed(plan) -> bool:
 _ONNX_DTYPES = ("float16", "float32", "float64")
 
 
-def onnx_attributes(plan) -> dict[str, Any]:
-    """The ONNX node attributes of ``plan``'s Conv / ConvTranspose (explicit pads)."""
+def onnx_attributes(plan, auto_pad: str | None = None) -> dict[str, Any]:
+    """The ONNX node attributes of ``plan``'s Conv / ConvTranspose: explicit pads, or
+    ``auto_pad`` (ONNX's string) in their place."""
     attrs = {"strides": list(plan.strides), "dilations": list(plan.dilations),
-             "group": plan.groups, "kernel_shape": list(plan.kernel),
-             "pads": [*plan.pads_begin, *plan.pads_end]}
+             "group": plan.groups, "kernel_shape": list(plan.kernel)}
+    if auto_pad is None:
+        attrs["pads"] = [*plan.pads_begin, *plan.pads_end]
+    else:
+        attrs["auto_pad"] = auto_pad
     if _transposed(plan) and any(plan.output_padding):
         attrs["output_padding"] = list(plan.output_padding)
     return attrs
 
 
-def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17):
+def onnx_auto_pad(plan) -> str | None:
+    """The ONNX ``auto_pad`` that the ONNX dialect reads back as ``plan``'s pads (so the
+    ONNX peers' own SAME_UPPER / SAME_LOWER / VALID rules are checked), else ``None``:
+    explicit pads, as where ONNX's ConvTranspose SAME puts output_padding into the pads
+    (docs/frameworks.md)."""
+    from .dialects import onnx as dialect
+
+    op_type = "ConvTranspose" if _transposed(plan) else "Conv"
+    x_shape = (plan.batch, plan.b_channels if _transposed(plan) else plan.a_channels,
+               *(plan.b_spatial if _transposed(plan) else plan.a_spatial))
+    w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
+    for auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+        kw = _dialect_keywords(dialect.keywords, op_type, x_shape, w_shape,
+                               **onnx_attributes(plan, auto_pad))
+        if kw is not None and _means(plan, kw, x_shape, w_shape):
+            return auto_pad
+    return None
+
+
+def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17,
+               auto_pad: str | None = None):
     """A one-node ONNX model of ``plan`` (inputs ``X``, ``W`` and ``B`` if ``with_bias``;
-    output ``Y``), for the ONNX peers and ``polyconv cases export``."""
+    output ``Y``), for the ONNX peers (with ``auto_pad`` where it means the plan's pads) and
+    ``polyconv cases export`` (explicit pads)."""
     if dtype not in _ONNX_DTYPES:
         raise CannotExpress("dtype", f"{dtype}: ONNX Conv and ConvTranspose take float16, "
                                      f"float and double only")
@@ -269,7 +294,7 @@ def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17):
         _ncx(plan, plan.shape)
     w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
     shapes = [x_shape, w_shape, (plan.bias_channels,)][:len(names)]
-    node = helper.make_node(op_type, names, ["Y"], **onnx_attributes(plan))
+    node = helper.make_node(op_type, names, ["Y"], **onnx_attributes(plan, auto_pad))
     graph = helper.make_graph(
         [node], f"polyconv_{op_type}",
         [helper.make_tensor_value_info(n, elem, list(s)) for n, s in zip(names, shapes)],
@@ -293,7 +318,7 @@ def _onnx_feeds(x, w, bias) -> dict[str, np.ndarray]:
 def _onnxruntime(plan, x, w, bias):
     import onnxruntime as ort
 
-    model = onnx_model(plan, str(x.dtype), bias is not None)
+    model = onnx_model(plan, str(x.dtype), bias is not None, auto_pad=onnx_auto_pad(plan))
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options,
@@ -304,7 +329,7 @@ def _onnxruntime(plan, x, w, bias):
 def _onnx_reference(plan, x, w, bias):
     from onnx.reference import ReferenceEvaluator
 
-    model = onnx_model(plan, str(x.dtype), bias is not None)
+    model = onnx_model(plan, str(x.dtype), bias is not None, auto_pad=onnx_auto_pad(plan))
     return ReferenceEvaluator(model).run(None, _onnx_feeds(x, w, bias))[0]
 
 
