@@ -335,7 +335,7 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
     for backend in names:
         results.append(_run_backend(fn, backend, dtype, plan.shape, call_args, attrs,
                                     y_exact, bound))
-    peer_results = tuple(run_peer(p, plan.with_(dtype=dtype), arrays, y_exact, bound)
+    peer_results = tuple(run_peer(p, plan.with_(dtype=dtype), arrays, y_exact, bound, attrs)
                          for p in (peer_names(peers)[0] if name in PEER_OPS else ()))
     return Comparison(op=name, dtype=dtype, shape=plan.shape, pads_begin=plan.pads_begin,
                       pads_end=plan.pads_end,
@@ -418,7 +418,7 @@ def _run_backend(fn, backend: str, dtype: str, shape: tuple[int, ...], call_args
 
 
 def run_peer(peer: Peer, plan, arrays: dict[str, np.ndarray], y_exact: np.ndarray,
-             bound: np.ndarray) -> PeerResult:
+             bound: np.ndarray, attrs: dict[str, Any] | None = None) -> PeerResult:
     """``peer`` on one call (``arrays``: the op's inputs by role, in the call's layouts),
     checked against the call's float64 reference and bound."""
     try:
@@ -433,7 +433,8 @@ def run_peer(peer: Peer, plan, arrays: dict[str, np.ndarray], y_exact: np.ndarra
                           detail=f"shape {y.shape}, expected {y_exact.shape}")
     err, ratio = _errors(y, y_exact, bound)
     if ratio <= 1.0:
-        return PeerResult(peer.name, "agrees", err, ratio)
+        note = peer.convention(plan, attrs or {}) if peer.convention else ""
+        return PeerResult(peer.name, "agrees", err, ratio, detail=note)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(y == y_exact, 0.0, np.abs(y - y_exact) / bound)
     r = np.where(np.isnan(r), np.inf, r)

@@ -66,6 +66,9 @@ class Peer:
     #: ``None`` where the framework has none, ``no_grad`` saying why.
     grad: Callable[..., Any] | None = None
     no_grad: str = ""
+    #: ``convention(plan, attrs)``: a note where the peer was given the call in another form
+    #: than the user's because its framework's convention differs (or ``""``).
+    convention: Callable[..., str] | None = None
     #: The version to report, where the distribution's alone is not enough (imports it).
     describe: Callable[[], str] | None = None
 
@@ -91,7 +94,8 @@ class Peer:
 class PeerResult:
     """How one peer did on one call.
 
-    ``status`` is ``"agrees"`` (within the error bound), ``"disagrees"`` (beyond it, or a
+    ``status`` is ``"agrees"`` (within the error bound; ``detail`` may note a documented
+    difference of convention the call was given around), ``"disagrees"`` (beyond it, or a
     wrong shape: ``max_ratio``, ``max_abs_error`` and ``where``, the output index of the
     largest err/bound), ``"cannot express"`` (``detail`` names the attribute and why) or
     ``"raises"`` (the peer's own operator raised on a call it accepts: ``detail``).
@@ -114,7 +118,8 @@ class PeerResult:
 
     def __str__(self) -> str:
         if self.status == "agrees":
-            return f"agrees (err/bound {self.max_ratio:.2g})"
+            note = f"; {self.detail}" if self.detail else ""
+            return f"agrees (err/bound {self.max_ratio:.2g}){note}"
         if self.status == "disagrees":
             at = "" if self.where is None else f" at {self.where}"
             return (f"DISAGREES: max abs error {self.max_abs_error:.3g}, err/bound "
@@ -244,9 +249,10 @@ def _transposed(plan) -> bool:
 _ONNX_DTYPES = ("float16", "float32", "float64")
 
 
-def onnx_attributes(plan, auto_pad: str | None = None) -> dict[str, Any]:
+def onnx_attributes(plan, auto_pad: str | None = None,
+                    output_shape: Sequence[int] | None = None) -> dict[str, Any]:
     """The ONNX node attributes of ``plan``'s Conv / ConvTranspose: explicit pads, or
-    ``auto_pad`` (ONNX's string) in their place."""
+    ``auto_pad`` (ONNX's string) in their place, and ConvTranspose's ``output_shape``."""
     attrs = {"strides": list(plan.strides), "dilations": list(plan.dilations),
              "group": plan.groups, "kernel_shape": list(plan.kernel)}
     if auto_pad is None:
@@ -255,33 +261,51 @@ def onnx_attributes(plan, auto_pad: str | None = None) -> dict[str, Any]:
         attrs["auto_pad"] = auto_pad
     if _transposed(plan) and any(plan.output_padding):
         attrs["output_padding"] = list(plan.output_padding)
+    if output_shape is not None:
+        attrs["output_shape"] = list(output_shape)
     return attrs
 
 
-def onnx_auto_pad(plan) -> str | None:
-    """The ONNX ``auto_pad`` that the ONNX dialect reads back as ``plan``'s pads (so the
-    ONNX peers' own SAME_UPPER / SAME_LOWER / VALID rules are checked), else ``None``:
-    explicit pads, as where ONNX's ConvTranspose SAME puts output_padding into the pads
-    (docs/frameworks.md)."""
+def onnx_auto_pad(plan) -> dict[str, Any] | None:
+    """The ONNX attributes with ``auto_pad`` (and ConvTranspose's ``output_shape`` where it
+    takes one) that the ONNX dialect reads back as ``plan``'s pads, so the ONNX peers' own
+    SAME_UPPER / SAME_LOWER / VALID rules are checked; else ``None``: explicit pads, as where
+    ONNX's ConvTranspose SAME puts output_padding into the pads (docs/frameworks.md)."""
     from .dialects import onnx as dialect
 
     op_type = "ConvTranspose" if _transposed(plan) else "Conv"
     x_shape = (plan.batch, plan.b_channels if _transposed(plan) else plan.a_channels,
                *(plan.b_spatial if _transposed(plan) else plan.a_spatial))
     w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
-    for auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
-        kw = _dialect_keywords(dialect.keywords, op_type, x_shape, w_shape,
-                               **onnx_attributes(plan, auto_pad))
-        if kw is not None and _means(plan, kw, x_shape, w_shape):
-            return auto_pad
+    for output_shape in ((None, list(plan.a_spatial)) if _transposed(plan) else (None,)):
+        for auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+            attrs = onnx_attributes(plan, auto_pad, output_shape)
+            kw = _dialect_keywords(dialect.keywords, op_type, x_shape, w_shape, **attrs)
+            if kw is not None and _means(plan, kw, x_shape, w_shape):
+                return attrs
     return None
 
 
+def _onnx_convention(plan, attrs: dict[str, Any]) -> str:
+    """Where the call's ``auto_pad`` with ``output_padding`` reaches the ONNX peers in
+    another form (ONNX's ConvTranspose SAME_* puts output_padding into the pads), how."""
+    mode = str(attrs.get("auto_pad") or "").lower()
+    if plan.op != "conv_transpose" or mode not in ("same_upper", "same_lower") or \
+            not any(plan.output_padding):
+        return ""
+    onnx = onnx_auto_pad(plan)
+    given = ("explicit pads" if onnx is None else
+             f"auto_pad={onnx['auto_pad']} with output_shape={onnx.get('output_shape')}")
+    return (f"auto_pad={mode} with output_padding {plan.output_padding} given as {given}: "
+            f"ONNX's ConvTranspose {mode.upper()} alone puts output_padding into the pads, a "
+            "documented difference of convention (docs/frameworks.md#onnx)")
+
+
 def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17,
-               auto_pad: str | None = None):
+               attributes: dict[str, Any] | None = None):
     """A one-node ONNX model of ``plan`` (inputs ``X``, ``W`` and ``B`` if ``with_bias``;
-    output ``Y``), for the ONNX peers (with ``auto_pad`` where it means the plan's pads) and
-    ``polyconv cases export`` (explicit pads)."""
+    output ``Y``), for the ONNX peers (with :func:`onnx_auto_pad`'s attributes where they
+    mean the plan's pads) and ``polyconv cases export`` (explicit pads)."""
     if dtype not in _ONNX_DTYPES:
         raise CannotExpress("dtype", f"{dtype}: ONNX Conv and ConvTranspose take float16, "
                                      f"float and double only")
@@ -294,7 +318,7 @@ def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17,
         _ncx(plan, plan.shape)
     w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
     shapes = [x_shape, w_shape, (plan.bias_channels,)][:len(names)]
-    node = helper.make_node(op_type, names, ["Y"], **onnx_attributes(plan, auto_pad))
+    node = helper.make_node(op_type, names, ["Y"], **(attributes or onnx_attributes(plan)))
     graph = helper.make_graph(
         [node], f"polyconv_{op_type}",
         [helper.make_tensor_value_info(n, elem, list(s)) for n, s in zip(names, shapes)],
@@ -318,7 +342,8 @@ def _onnx_feeds(x, w, bias) -> dict[str, np.ndarray]:
 def _onnxruntime(plan, x, w, bias):
     import onnxruntime as ort
 
-    model = onnx_model(plan, str(x.dtype), bias is not None, auto_pad=onnx_auto_pad(plan))
+    model = onnx_model(plan, str(x.dtype), bias is not None,
+                       attributes=onnx_auto_pad(plan))
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options,
@@ -329,7 +354,8 @@ def _onnxruntime(plan, x, w, bias):
 def _onnx_reference(plan, x, w, bias):
     from onnx.reference import ReferenceEvaluator
 
-    model = onnx_model(plan, str(x.dtype), bias is not None, auto_pad=onnx_auto_pad(plan))
+    model = onnx_model(plan, str(x.dtype), bias is not None,
+                       attributes=onnx_auto_pad(plan))
     return ReferenceEvaluator(model).run(None, _onnx_feeds(x, w, bias))[0]
 
 
@@ -684,9 +710,9 @@ PEERS: tuple[Peer, ...] = (
     Peer("torch", _forward(_torch_call), ("torch",), "pip install torch",
          grad=_gradient(_torch_call)),
     Peer("onnxruntime", _onnxruntime, ("onnx", "onnxruntime"), "pip install onnx onnxruntime",
-         no_grad=_ONNX_NO_GRAD),
+         no_grad=_ONNX_NO_GRAD, convention=_onnx_convention),
     Peer("onnx-reference", _onnx_reference, ("onnx",), "pip install onnx",
-         no_grad=_ONNX_NO_GRAD),
+         no_grad=_ONNX_NO_GRAD, convention=_onnx_convention),
     Peer("lax", _forward(_lax_call), ("jax",), "pip install jax", grad=_gradient(_lax_call)),
     Peer("openvino", _openvino, ("openvino",), "pip install openvino", no_grad=(
         "OpenVINO is an inference runtime: its opsets have no weights gradient and no "

@@ -266,6 +266,21 @@ def test_cannot_express_names_the_attribute():
     assert reasons == want
 
 
+def test_onnx_peers_note_the_documented_difference_of_transposed_same():
+    """ONNX's ConvTranspose SAME_* alone puts output_padding into the pads: the ONNX peers
+    get the suite's same_lower-with-output_padding case with output_shape, agree, and the
+    result says why it was given so."""
+    (c,) = [c for job, c in _grid() if job.name == "conv_transpose"
+            and job.label == "2d dilated, same_lower, output_padding"]
+    for r in c.peers:
+        if r.peer in ("onnxruntime", "onnx-reference"):
+            assert r.status == "agrees", r
+            assert "given as auto_pad=SAME_LOWER with output_shape=[9, 9]" in r.detail, r
+            assert "documented difference" in r.detail and "frameworks.md#onnx" in r.detail
+        else:
+            assert not r.detail or r.status != "agrees", r
+
+
 def test_exported_onnx_cases_check_load_and_run_under_onnxruntime(tmp_path):
     import onnxruntime as ort
 

@@ -8,6 +8,7 @@ Nothing here is typed in: every verdict, error and case comes from the record.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -120,6 +121,18 @@ def page(record: dict) -> str:
                 smallest[key] = (c, r, count)
             else:
                 smallest[key] = (*smallest[key][:2], count)
+    notes: dict[tuple[str, str], list[dict]] = {}
+    for c in comparisons:
+        for r in c["peers"]:
+            if r["status"] == "agrees" and r["detail"]:
+                notes.setdefault((r["peer"], r["detail"]), []).append(c)
+    if notes:
+        lines += ["", "## Documented differences of convention", "",
+                  "Cases a peer agrees on once given in its own convention:", ""]
+        for (peer, note), cs in notes.items():
+            note = re.sub(r"\(docs/frameworks\.md#([\w-]+)\)", r"({ref}`\1`)", note)
+            lines.append(f"- **{peer}**, {OP_NAMES[cs[0]['op']]} *{cs[0]['label']}* "
+                         f"({len(cs)} in the record): {note}.")
     lines += ["", "## Wrong answers, smallest case of each", ""]
     if not smallest:
         lines.append("None: every peer agrees wherever it can express the case.")
