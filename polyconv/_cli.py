@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated backend names (default: every available one)")
     c.add_argument("--peers", type=list_arg, metavar="NAMES",
                    help="also run other frameworks' own operators (torch, onnxruntime, "
-                        "onnx-reference, lax, openvino, all); their findings keep exit status 0")
+                        "onnx-reference, lax, openvino, tensorflow, keras, flax, all); their "
+                        "findings keep exit status 0")
     c.add_argument("--dtypes", type=dtypes_arg, metavar="DTYPES",
                    default=DEFAULT_DTYPES, help="comma-separated (default: float32,float16,"
                                                 "bfloat16; float64 is accepted too)")

@@ -21,7 +21,7 @@ from ._cli_args import UsageError, display_name, dtypes_arg
 from ._cli_compare import _make_inputs, _suite_jobs
 from ._compare import _jsonable, numpy_dtype, reference
 from ._ops import infer_shape
-from ._peers import PEER_OPS, CannotExpress, onnx_model, peer_operands
+from ._peers import FORWARD_OPS, CannotExpress, onnx_model, peer_operands
 
 FORMATS = ("onnx", "npz")
 
@@ -45,7 +45,7 @@ def export_cases(directory: str | Path, fmt: str = "onnx",
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     written, skipped = [], []
-    for j, job in enumerate(_suite_jobs(PEER_OPS, bias=True)):
+    for j, job in enumerate(_suite_jobs(FORWARD_OPS, bias=True)):
         for dtype in dtypes:
             name = case_name(job.name, job.label, dtype)
             rng = np.random.default_rng([seed, j])   # the inputs 'polyconv compare' draws
@@ -117,7 +117,7 @@ def cmd_cases(args: argparse.Namespace) -> int:
     written, skipped = export_cases(args.directory, args.format, args.dtypes, args.seed)
     for name, why in skipped:
         print(f"polyconv cases: not exported: {name}: {why}", file=sys.stderr)
-    ops = " and ".join(display_name(o) for o in PEER_OPS)
+    ops = " and ".join(display_name(o) for o in FORWARD_OPS)
     print(f"polyconv cases: wrote {len(written)} {ops} cases ({args.format}) to "
           f"{args.directory}")
     return 0

@@ -419,10 +419,12 @@ def _peer_report(comparisons: list[Comparison], peers: Sequence[str],
         lines.append(f"peers, in {' '.join(dtypes)} (ok: within the bound; DIFF:err/bound "
                      f"beyond it; n/a: the peer cannot express the case; RAISES: it raised):")
         lines += format_table(("op", "geometry", *peers), table)
-        findings, cannot = [], {}
+        findings, cannot, notes = [], {}, {}
         for c in ran:
             for r in c.peers:
-                if r.status == "cannot express":   # one line per peer and attribute
+                if r.status == "agrees" and r.detail:   # one line per peer and note
+                    notes.setdefault((r.peer, r.detail), []).append(c)
+                elif r.status == "cannot express":   # one line per peer and attribute
                     cannot.setdefault((r.peer, r.detail.split(":")[0]), []).append(r.detail)
                 elif r.status != "agrees":
                     case = " ".join(filter(None, (display_name(c.op), c.label, c.dtype)))
@@ -432,6 +434,11 @@ def _peer_report(comparisons: list[Comparison], peers: Sequence[str],
                      for (peer, attribute), details in cannot.items()]
         if findings:
             lines += ["", "peer findings (about the peers, not polyconv):", *findings]
+        if notes:
+            lines += ["", "documented differences (the peer agrees, given the call in its own "
+                          "convention):"]
+            lines += [f"  {peer} ({len(cs)} cases), e.g. {display_name(cs[0].op)} "
+                      f"{cs[0].label}: {note}" for (peer, note), cs in notes.items()]
         counts = []
         for p in peers:
             statuses = [r.status for c in ran for r in c.peers if r.peer == p]

@@ -39,7 +39,7 @@ from ._formatting import (
 )
 from ._ops import infer_shape
 from ._optable import lookup
-from ._peers import PEER_OPS, CannotExpress, Peer, PeerResult, peer_names, peer_operands
+from ._peers import PEER_OPS, CannotExpress, Peer, PeerResult, peer_names, peer_output
 
 __all__ = ["BackendResult", "Comparison", "compare"]
 
@@ -252,9 +252,9 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
         A name for this case, shown in the report.
     peers : str or sequence of str, optional
         Other frameworks' own operators to check against the same reference and bound
-        (``"torch"``, ``"onnxruntime"``, ``"onnx-reference"``, ``"lax"``, ``"openvino"``, or
-        ``"all"``), for
-        Convolution and ConvTranspose; the outcome is in ``.peers`` and never changes
+        (``"torch"``, ``"onnxruntime"``, ``"onnx-reference"``, ``"lax"``, ``"openvino"``,
+        ``"tensorflow"``, ``"keras"``, ``"flax"``, or ``"all"``), for Convolution and
+        ConvTranspose; the outcome is in ``.peers`` and never changes
         ``.ok`` (a peer's disagreement is a finding about the peer). Peers not installed are
         left out.
     **attrs
@@ -335,7 +335,7 @@ def compare(op: str | Callable[..., Any], *inputs: Any,
     for backend in names:
         results.append(_run_backend(fn, backend, dtype, plan.shape, call_args, attrs,
                                     y_exact, bound))
-    peer_results = tuple(run_peer(p, plan.with_(dtype=dtype), arrays, y_exact, bound)
+    peer_results = tuple(run_peer(p, plan.with_(dtype=dtype), arrays, y_exact, bound, attrs)
                          for p in (peer_names(peers)[0] if name in PEER_OPS else ()))
     return Comparison(op=name, dtype=dtype, shape=plan.shape, pads_begin=plan.pads_begin,
                       pads_end=plan.pads_end,
@@ -418,25 +418,23 @@ def _run_backend(fn, backend: str, dtype: str, shape: tuple[int, ...], call_args
 
 
 def run_peer(peer: Peer, plan, arrays: dict[str, np.ndarray], y_exact: np.ndarray,
-             bound: np.ndarray) -> PeerResult:
-    """``peer`` on one forward call (``arrays``: ``src``, ``weights``, optional ``bias`` in
-    the call's layouts), checked against the call's float64 reference and bound."""
+             bound: np.ndarray, attrs: dict[str, Any] | None = None) -> PeerResult:
+    """``peer`` on one call (``arrays``: the op's inputs by role, in the call's layouts),
+    checked against the call's float64 reference and bound."""
     try:
-        y = peer.run(plan, *peer_operands(plan, arrays))
+        y = peer_output(peer, plan, arrays)
     except CannotExpress as exc:
         return PeerResult(peer.name, "cannot express", detail=str(exc))
     except Exception as exc:  # the peer's own failure is a finding about the peer
         text = " ".join(str(exc).split())
         return PeerResult(peer.name, "raises", detail=f"{type(exc).__name__}: {text[:300]}")
-    y = np.asarray(y, np.float64)
-    if plan.channels_last:
-        y = np.moveaxis(y, 1, -1)
     if y.shape != y_exact.shape:
         return PeerResult(peer.name, "disagrees", math.inf, math.inf,
                           detail=f"shape {y.shape}, expected {y_exact.shape}")
     err, ratio = _errors(y, y_exact, bound)
     if ratio <= 1.0:
-        return PeerResult(peer.name, "agrees", err, ratio)
+        note = peer.convention(plan, attrs or {}) if peer.convention else ""
+        return PeerResult(peer.name, "agrees", err, ratio, detail=note)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(y == y_exact, 0.0, np.abs(y - y_exact) / bound)
     r = np.where(np.isnan(r), np.inf, r)

@@ -304,7 +304,8 @@ def test_compare_on_numpy_does_not_import_jax():
 def _oracle_peer(transpose_kernel: bool):
     """A peer computed by the independent oracle (channels-first data, ``[Cb, Ca/G, K..]``
     weights, as every peer gets them), optionally with its kernel's two spatial axes swapped:
-    the mistake a wrong weights translation makes."""
+    the mistake a wrong weights translation makes. Its gradients are the adjoint by
+    definition, ``<f(e_i), dy>`` for each basis array ``e_i`` of the operand."""
     from polyconv._peers import Peer
 
     def run(plan, x, w, bias):
@@ -317,7 +318,38 @@ def _oracle_peer(transpose_kernel: bool):
                                 data_format="NCX", weights_format="OIX" if op ==
                                 "convolution" else "IOX").y
 
-    return Peer("transposed-kernel" if transpose_kernel else "oracle", run)
+    def grad(plan, x, w, dy, wrt):
+        target = x if wrt == "src" else w
+        g = np.zeros(target.shape)
+        for i in np.ndindex(target.shape):
+            e = np.zeros(target.shape)
+            e[i] = 1.0
+            g[i] = np.sum(run(plan, *((e, w) if wrt == "src" else (x, e)), None) * dy)
+        return g
+
+    return Peer("transposed-kernel" if transpose_kernel else "oracle", run, grad=grad)
+
+
+@pytest.mark.parametrize("op", ["convolution_backward_data", "convolution_backward_weights",
+                                "conv_transpose_backward_data",
+                                "conv_transpose_backward_weights"])
+def test_a_peer_with_a_transposed_kernel_is_reported_as_disagreeing_on_gradients(op):
+    rng = np.random.default_rng(1)
+    fwd = "conv_transpose" if op.startswith("conv_transpose") else "convolution"
+    x = rng.uniform(-1, 1, (1, 5, 6, 4)).astype(np.float32)
+    w_shape = (3, 3, 2, 4) if fwd == "conv_transpose" else (3, 3, 4, 2)
+    attrs = {"strides": 2, "pads_begin": (1, 0), "pads_end": (0, 1)}
+    plan = polyconv.infer_shape(fwd, x.shape, w_shape, **attrs)
+    dy = rng.uniform(-1, 1, plan.shape).astype(np.float32)
+    w = rng.uniform(-1, 1, w_shape).astype(np.float32)
+    inputs = ((dy, w) if op == "conv_transpose_backward_data" else
+              (dy, w, x.shape) if op.endswith("data") else (x, dy, w_shape))
+    c = polyconv.compare(op, *inputs, backends=["numpy"], peers=[_oracle_peer(False),
+                                                                _oracle_peer(True)], **attrs)
+    right, wrong = c.peers
+    assert (right.peer, right.status) == ("oracle", "agrees")
+    assert (wrong.peer, wrong.status) == ("transposed-kernel", "disagrees")
+    assert c.ok
 
 
 @pytest.mark.parametrize("op", ["convolution", "conv_transpose"])
@@ -337,13 +369,18 @@ def test_a_peer_with_a_transposed_kernel_is_reported_as_disagreeing(op):
     assert c.to_dict()["peers"][1]["status"] == "disagrees"
 
 
-def test_peers_are_only_for_the_forward_ops_and_unknown_names_are_refused():
+def test_a_peer_without_gradients_cannot_express_them_and_unknown_names_are_refused():
+    from polyconv._peers import Peer
+
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (1, 5, 6, 4)).astype(np.float32)
     w = rng.uniform(-1, 1, (3, 3, 4, 2)).astype(np.float32)
     dy = rng.uniform(-1, 1, (1, 3, 4, 2)).astype(np.float32)
+    forward_only = Peer("forward-only", _oracle_peer(False).run, no_grad="no autodiff here")
     c = polyconv.compare("convolution_backward_data", dy, w, (1, 5, 6, 4), backends=["numpy"],
-                         peers=[_oracle_peer(False)])
-    assert c.peers == ()
+                         peers=[forward_only])
+    (r,) = c.peers
+    assert (r.status, r.detail) == ("cannot express", "op: convolution_backward_data: no "
+                                                      "autodiff here")
     with pytest.raises(ValueError, match=r"unknown peer 'tensorflw'.*torch, onnxruntime"):
         polyconv.compare("convolution", x, w, backends=["numpy"], peers="tensorflw")

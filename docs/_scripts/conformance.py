@@ -8,10 +8,12 @@ Nothing here is typed in: every verdict, error and case comes from the record.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
-#: attribute family -> whether a comparison of the record exercises it
+#: attribute family -> whether a comparison of the record exercises it (the attribute
+#: families count the forward ops; the gradient ops have their own column)
 FAMILIES = {
     "strides": lambda c: _any_above(c["attrs"].get("strides"), 1),
     "asymmetric pads": lambda c: c["pads_begin"] != c["pads_end"],
@@ -21,15 +23,24 @@ FAMILIES = {
     "auto_pad": lambda c: "auto_pad" in c["attrs"],
     "layouts": lambda c: "data_format" in c["attrs"] or "weights_format" in c["attrs"],
     "16-bit": lambda c: c["dtype"] in ("float16", "bfloat16"),
+    "gradients": lambda c: "backward" in c["op"],
 }
 
-OP_NAMES = {"convolution": "Convolution", "conv_transpose": "ConvTranspose"}
+OP_NAMES = {"convolution": "Convolution", "conv_transpose": "ConvTranspose",
+            "convolution_backward_data": "ConvolutionBackwardData",
+            "convolution_backward_weights": "ConvolutionBackwardWeights",
+            "conv_transpose_backward_data": "ConvTransposeBackwardData",
+            "conv_transpose_backward_weights": "ConvTransposeBackwardWeights"}
 
 
 def _any_above(value, floor: int) -> bool:
     if value is None:
         return False
     return any(v > floor for v in (value if isinstance(value, list) else [value]))
+
+
+def _forward(c: dict) -> bool:
+    return "backward" not in c["op"]
 
 
 def _cell(statuses: list[str]) -> str:
@@ -82,16 +93,18 @@ def page(record: dict) -> str:
     comparisons = [c for c in record["comparisons"] if c.get("peers")]
     peers = record["peers"]
     versions = record.get("peer_versions", {})
-    lines = ["Recorded run: `polyconv compare --peers all --json` on the built-in suite's "
-             f"{len(comparisons)} Convolution and ConvTranspose comparisons "
-             f"({', '.join(record['dtypes'])}), with "
-             + ", ".join(f"{p} {versions.get(p) or ''}".strip() for p in peers) + ".", ""]
+    lines = ["Recorded run: `polyconv compare --peers all --backends numpy --json` on the "
+             f"built-in suite's {len(comparisons)} comparisons (all six ops; "
+             f"{', '.join(record['dtypes'])}), with "
+             + ", ".join(f"{p} {versions.get(p) or ''}".strip() for p in peers)
+             + f"; it took {record['seconds']:.0f} s on a 2-CPU machine.", ""]
     lines += ["| peer | " + " | ".join(FAMILIES) + " |",
               "|---|" + "---|" * len(FAMILIES)]
     for peer in peers:
         cells = []
-        for test in FAMILIES.values():
-            cells.append(_cell([r["status"] for c in comparisons if test(c)
+        for name, test in FAMILIES.items():
+            cells.append(_cell([r["status"] for c in comparisons
+                                if test(c) and (name == "gradients" or _forward(c))
                                 for r in c["peers"] if r["peer"] == peer]))
         lines.append(f"| {peer} | " + " | ".join(cells) + " |")
 
@@ -108,6 +121,18 @@ def page(record: dict) -> str:
                 smallest[key] = (c, r, count)
             else:
                 smallest[key] = (*smallest[key][:2], count)
+    notes: dict[tuple[str, str], list[dict]] = {}
+    for c in comparisons:
+        for r in c["peers"]:
+            if r["status"] == "agrees" and r["detail"]:
+                notes.setdefault((r["peer"], r["detail"]), []).append(c)
+    if notes:
+        lines += ["", "## Documented differences of convention", "",
+                  "Cases a peer agrees on once given in its own convention:", ""]
+        for (peer, note), cs in notes.items():
+            note = re.sub(r"\(docs/frameworks\.md#([\w-]+)\)", r"({ref}`\1`)", note)
+            lines.append(f"- **{peer}**, {OP_NAMES[cs[0]['op']]} *{cs[0]['label']}* "
+                         f"({len(cs)} in the record): {note}.")
     lines += ["", "## Wrong answers, smallest case of each", ""]
     if not smallest:
         lines.append("None: every peer agrees wherever it can express the case.")
