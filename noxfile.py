@@ -132,7 +132,8 @@ def lint(session: nox.Session) -> None:
 
 #: the benchmarks ``nox -s bench`` runs, each overwriting its record (all of them by default)
 BENCH_RUNS = {"suite": [], "corpus": ["--corpus"], "first-calls": ["--first-calls"],
-              "implementations": ["--implementations"], "overhead": ["--overhead"]}
+              "implementations": ["--implementations"], "overhead": ["--overhead"],
+              "spatial": ["--spatial"]}
 
 
 @nox.session
@@ -140,8 +141,8 @@ def bench(session: nox.Session) -> None:
     """The benchmarks on this CPU (not tests), each overwriting this machine kind's record for
     the docs' benchmarks page, ``docs/records/<benchmark>-<kind>.json`` (the kind from
     ``polyconv bench --machine-kind``: ``avx512``, ``avx2``...): the suite, the real-model
-    corpus, the first calls, every implementation forced and the per-call overhead (hours on
-    2 CPUs);
+    corpus, the first calls, every implementation forced, the per-call overhead and spatial
+    sharding against XLA's partitioning (hours on 2 CPUs);
     ``nox -s bench -- corpus`` runs the ones named.
 
     PyTorch is a peer when it can be installed (CPU build only); otherwise it is skipped.

@@ -77,7 +77,7 @@ def test_bench_spatial_smoke(tmp_path):
     record = tmp_path / "spatial.json"
     result = subprocess.run(
         [sys.executable, "-m", "polyconv", "bench", "--spatial", "--devices", "2", "--size",
-         "4", "4", "4", "--channels", "4", "--repeats", "1", "--record", str(record)],
+         "4", "4", "4", "--channels", "4", "--repeats", "1", "--json", str(record)],
         env={**_env(2), CHILD: "1"}, cwd=ROOT, capture_output=True, text=True,
         timeout=TIMEOUT, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

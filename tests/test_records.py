@@ -15,7 +15,7 @@ from polyconv.benchmarks import harness, report
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = sorted((ROOT / "docs" / "records").glob("*.json"))
 #: the benchmarks whose records the docs page draws
-DRAWN = ("corpus", "suite", "first-calls", "implementations", "overhead")
+DRAWN = ("corpus", "suite", "first-calls", "implementations", "overhead", "spatial")
 
 
 def _kind(m: dict) -> str:
@@ -87,6 +87,28 @@ def test_an_implementations_record_is_drawn(tmp_path):
     text = (tmp_path / "benchmarks-implementations.md").read_text()
     assert "### Every implementation on a CPU with AVX2 (no AVX-512)" in text
     assert "takes 2.000x the fastest" in text and "| forward=overlap | 1 | 1 |" in text
+
+
+def test_a_spatial_record_is_drawn(tmp_path):
+    # the record `polyconv bench --spatial --json` writes: one row per level, devices, mode
+    # and side
+    rows = [{"upsampling": "k2 s2", "devices": 2, "mode": "gradient", "side": side,
+             "seconds": s, "memory_bytes": m, "received_bytes": r, "collectives": c}
+            for side, s, m, r, c in (("polyconv", 0.002, 3 * 2**20, 2**19,
+                                      ["collective-permute", "all-reduce"]),
+                                     ("xla", 0.004, None, 2**21, ["all-gather"]))]
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "spatial-avx2.json").write_text(json.dumps(
+        {"machine": {**harness.machine(), "kind": "avx2"}, "size": [8, 4, 4], "channels": 4,
+         "rows": rows}))
+    report.docs_pages(records, tmp_path)
+    text = (tmp_path / "benchmarks-spatial.md").read_text()
+    assert "### Spatial sharding on a CPU with AVX2 (no AVX-512)" in text
+    assert "8x4x4 volume of 4 channels" in text
+    assert ("| k2 s2 | 2 | gradient | polyconv | 2.00 | 3.00 | 0.500 | collective-permute, "
+            "all-reduce |") in text
+    assert "| k2 s2 | 2 | gradient | xla | 4.00 |  | 2.000 | all-gather |" in text
 
 
 def test_the_summary_takes_each_rows_latest_run_and_the_ratios_arithmetic():

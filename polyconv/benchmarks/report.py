@@ -440,11 +440,28 @@ def overhead_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def spatial_markdown(record: dict[str, Any]) -> str:
+    """Per level, device count and mode, polyconv's sharded ops beside XLA's partitioning of
+    the plain calls: time, memory and bytes received per device, and the collectives."""
+    size = "x".join(map(str, record.get("size", [])))
+    lines = [machine_line(record["machine"]), "",
+             f"A level on a {size} volume of {record.get('channels')} channels, split along D.",
+             "", "| level | devices | call | side | ms | MiB per device | MiB received | "
+             "collectives |", "|---|---|---|---|---|---|---|---|"]
+    for r in record["rows"]:
+        mem = "" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2**20:.2f}"
+        lines.append(f"| {r['upsampling']} | {r['devices']} | {r['mode']} | {r['side']} | "
+                     f"{r['seconds'] * 1e3:.2f} | {mem} | {r['received_bytes'] / 2**20:.3f} | "
+                     f"{', '.join(r['collectives']) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
 def docs_pages(directory: Path, out: Path) -> None:
     """The benchmarks page's generated parts (``out/benchmarks-<benchmark>.md`` and their
     plots), one section per machine kind that has a record, drawn from its record."""
     found = records(directory)
-    for benchmark in ("corpus", "suite", "first-calls", "implementations", "overhead"):
+    for benchmark in ("corpus", "suite", "first-calls", "implementations", "overhead",
+                      "spatial"):
         parts = []
         for kind in sorted(found.get(benchmark, {}), key=_kind_order):
             record = json.loads(found[benchmark][kind].read_text())
@@ -452,7 +469,8 @@ def docs_pages(directory: Path, out: Path) -> None:
             heading = {"corpus": name, "suite": f"The suite on a {name}",
                        "first-calls": f"First calls on a {name}",
                        "implementations": f"Every implementation on a {name}",
-                       "overhead": f"Per-call overhead on a {name}"}[benchmark]
+                       "overhead": f"Per-call overhead on a {name}",
+                       "spatial": f"Spatial sharding on a {name}"}[benchmark]
             parts += [f"### {heading}", "",
                       f"Record: `docs/records/{found[benchmark][kind].name}`.", ""]
             if benchmark == "corpus":
@@ -467,6 +485,8 @@ def docs_pages(directory: Path, out: Path) -> None:
                 parts.append(first_calls_markdown(record))
             elif benchmark == "overhead":
                 parts.append(overhead_markdown(record))
+            elif benchmark == "spatial":
+                parts.append(spatial_markdown(record))
             else:
                 parts.append(implementations_markdown(record))
         text = "\n".join(parts) or ("No record yet: `nox -s bench` measures this machine "

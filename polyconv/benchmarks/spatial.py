@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=16,
                         help="input channels (the level halves them)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds")
-    parser.add_argument("--record", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.devices.split(",")]
@@ -198,6 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             rows += run_level(n, tuple(args.size), args.channels, name, args.repeats)
     print(table(rows))
-    write_record(args.record, {"machine": machine(), "size": list(args.size),
+    write_record(args.json, {"machine": machine(), "size": list(args.size),
                                "channels": args.channels, "rows": rows})
     return 0
