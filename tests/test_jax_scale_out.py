@@ -1,5 +1,6 @@
 """Multi-device JAX: the six ops and every lowering on batch-sharded inputs over 8 CPU devices
-(workers ``tests/workers/sharded_ops.py`` and ``sharded_lowerings.py``), and a small decoder's
+(workers ``tests/workers/sharded_ops.py`` and ``sharded_lowerings.py``), ``jax.grad`` inside
+a user's own ``shard_map`` over 2 (``user_shard_map.py``), and a small decoder's
 data-parallel training step (forward, ``jax.grad``, update) built from
 polyconv ops equals the same step on one device: batch-sharded over 8 CPU devices in one
 process, and over 2 processes on localhost with ``jax.distributed``. The worker is
@@ -51,6 +52,15 @@ def test_every_lowering_keeps_a_batch_sharding():
     result = _worker("sharded_lowerings.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "lowerings sharding ok" in result.stdout
+
+
+def test_grad_inside_a_users_shard_map_with_replicated_weights():
+    """jax.grad of polyconv ops inside the user's own shard_map (data split along the batch,
+    weights and bias replicated, check_vma on) equals the same program with lax, the
+    unsharded gradient and the oracle."""
+    result = _worker("user_shard_map.py", devices=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "user shard_map ok" in result.stdout
 
 
 def test_training_step_sharded_over_8_devices():

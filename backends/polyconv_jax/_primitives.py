@@ -27,7 +27,10 @@ precision and the chosen lowering, with the rules JAX asks of a primitive:
   the primitive runs once on the folded plan;
 - **lowering**: the chosen lowering, inlined as ordinary ``lax`` operations, so ``jit``,
   sharding and export see plain StableHLO; the output's type (shape, dtype, sharding) is
-  that of the traced lowering.
+  that of the traced lowering;
+- **varying axes** (``shard_map``): as for JAX's own convolution, both inputs are cast to
+  vary along the union of their mesh axes before the bind, so that the cotangent of a
+  replicated input (weights, usually) comes back summed over the devices, replicated.
 
 Every primitive maps operands of the plan's dtype to the accumulation dtype; a cotangent
 comes back in the plan's dtype (the one rounding of each primitive's result, exact in
@@ -86,8 +89,36 @@ def _abstract_eval(primitive: str, x, y, **params):
 def bind(primitive: str, plan: ConvPlan, precision, x, y):
     """Apply ``primitive`` to ``x, y`` with the lowering chosen for ``plan`` now."""
     lowering = _choice.choose(primitive, plan, precision)
+    x, y = _vary_alike(x, y)
     return _PRIMITIVES[primitive].bind(x, y, plan=plan, precision=precision,
                                        lowering=lowering)
+
+
+def _varying(x) -> frozenset:
+    """The ``shard_map`` mesh axes along which ``x`` varies (``check_vma``)."""
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:          # a JAX without varying-axes types
+        return frozenset()
+    aval = typeof(x)
+    mat = getattr(aval, "mat", None)
+    return mat.varying if mat is not None else getattr(aval, "vma", frozenset())
+
+
+def _vary_alike(x, y):
+    """``x`` and ``y`` cast to vary along the union of their mesh axes, as JAX's own
+    convolution does: the transpose of that cast sums a replicated input's cotangent over
+    the devices, so each cotangent has its input's type."""
+    vx, vy = _varying(x), _varying(y)
+    if vx == vy:
+        return x, y
+    return tuple(v if vv >= vx | vy else _pvary(v, tuple((vx | vy) - vv))
+                 for v, vv in ((x, vx), (y, vy)))
+
+
+def _pvary(x, axes: tuple):
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axes, to="varying")
+    return jax.lax.pvary(x, axes)   # the JAX releases before pcast
 
 
 def _transpose(primitive: str, slot: int, ct, x, y, *, plan: ConvPlan, precision, lowering):

@@ -208,10 +208,6 @@ def _sharded_fn(plan: ConvPlan, mesh: Mesh, spatial: tuple[str | None, ...],
 
     def body(*arrays):
         x = arrays[0]
-        if primitive != "backward_weights":
-            # the weights (and bias) vary like the data from here on, so that their
-            # cotangents come back through pcast's transpose, a psum over the devices
-            arrays = (x, *(lax.pcast(v, reduce_over, to="varying") for v in arrays[1:]))
         for ax in axes:
             x = _exchange(x, ax, dims[ax.axis])
         run = getattr(BACKEND, primitive)

@@ -5,11 +5,12 @@ strides, dilations, asymmetric pads, output_padding, groups, both data layouts, 
 split over 2, 3, 4 and 8 devices along one spatial axis (evenly or not) and over a 2x4 mesh
 along two, equal the unsharded call and the float64 oracle. ``grads``: ``jax.grad`` of the
 sharded Convolution and ConvTranspose equals the unsharded gradient and the oracle's backward
-ops, that of two backward ops the unsharded gradient, and the compiled programs' only
-collectives are the halo permutes (plus the all-reduce of a weights gradient or a loss).
-``errors``: the refusals. ``distributed PORT ID``: process ID of 2 (2 devices each,
-coordinator on localhost) runs a training step on data split along H over the 4 devices and
-compares it with the step on one device. Prints "<section> ok"."""
+ops (and with a replicated bias, the unsharded gradient), that of two backward ops the
+unsharded gradient, and the compiled programs' only collectives are the halo permutes (plus
+the all-reduce of a weights gradient or a loss). ``errors``: the refusals. ``distributed PORT
+ID``: process ID of 2 (2 devices each, coordinator on localhost) runs a training step on data
+split along H over the 4 devices and compares it with the step on one device. Prints
+"<section> ok"."""
 
 import sys
 from pathlib import Path
@@ -238,6 +239,28 @@ def grads():
         want = jax.grad(plain_loss, argnums=(0, 1))(*arrays)
         for g_, w_ in zip(got, want):
             np.testing.assert_allclose(g_, w_, rtol=1e-10, atol=1e-10, err_msg=op)
+    # the replicated bias's gradient is summed over the devices like the weights'
+    for op in ("convolution", "conv_transpose"):
+        transposed = op in TRANSPOSED
+        attrs = attrs_of(kernel, s, d, pb, pe, opad, groups, transposed)
+        wshape = ((*kernel, ci // groups, co) if not transposed
+                  else (*kernel, co // groups, ci))
+        x, w = calls(op, (2, spatial), (ci, co), wshape, attrs, "NXC", jnp.float64)
+        b = jnp.asarray(rng.standard_normal(co))
+        ct = jnp.asarray(rng.standard_normal(getattr(polyconv, op)(x, w, **attrs).shape))
+
+        def loss(x, w, b, op=op, attrs=attrs, mesh=mesh, ct=ct):
+            y = polyconv.spatially_sharded(op, x, w, b, mesh=mesh, spatial=("x",), **attrs)
+            return jnp.sum(y * ct)
+
+        def plain_loss(x, w, b, op=op, attrs=attrs, ct=ct):
+            return jnp.sum(getattr(polyconv, op)(x, w, b, **attrs) * ct)
+        got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, w, b)
+        want = jax.grad(plain_loss, argnums=(0, 1, 2))(x, w, b)
+        for g_, w_ in zip(got, want):
+            np.testing.assert_allclose(g_, w_, rtol=1e-10, atol=1e-10, err_msg=f"{op} bias")
+        np.testing.assert_allclose(got[2], np.asarray(ct).sum(axis=(0, 1, 2)), rtol=1e-10,
+                                   atol=1e-10, err_msg=f"{op} bias")
     print("grads ok")
 
 
