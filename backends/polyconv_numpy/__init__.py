@@ -42,6 +42,9 @@ on a plan's first call (:mod:`._measuring`). The strategies:
   layout: no phase grid, no crop and no change of layout of ``b``. Good when ``b`` is wider
   than the columns are deep (MNIST's 1->32, wav2vec 2.0's 1->512, the gradients of
   ConvTransposes to few channels) and on 1-D layers.
+* ``indexed`` (:mod:`._indexed`, small plans, every primitive): the whole im2col one
+  ``np.take`` through an index kept per plan, then one product in the user's layout: a few
+  numpy calls whatever the kernel, where the others issue some per tap (a tiny layer's time).
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or
@@ -68,6 +71,7 @@ from . import (
     _exact,
     _fast,
     _im2col,
+    _indexed,
     _overlap,
     _patches,
     _planes,
@@ -91,6 +95,7 @@ STRATEGIES = (
     *_patches.STRATEGIES,
     *_space_to_depth.STRATEGIES,
     *_im2col.STRATEGIES,
+    *_indexed.STRATEGIES,
 )
 
 #: the numpy backend's chooser: the cheapest strategy by default; measured, the model's pick
