@@ -168,14 +168,35 @@ def implementation(spec: str | None = None, **per_primitive: str) -> Iterator[No
         _FORCED.reset(token)
 
 
+def _reader(name: str) -> Callable[[], str]:
+    """A function reading environment variable ``name`` (``""`` when unset) on each call,
+    as ``os.environ.get`` does: from the mapping ``os.environ`` keeps its encoded values in
+    where it has one (CPython's), 0.05 us a read against 0.4-0.8 through ``os.environ``'s
+    key encoding, on every call of every op."""
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    encode, decode = (getattr(environ, n, None) for n in ("encodekey", "decodevalue"))
+    if not isinstance(data, dict) or encode is None or decode is None:
+        return lambda: environ.get(name, "")    # pragma: no cover - not CPython's os
+    key = encode(name)
+
+    def read() -> str:
+        value = data.get(key)
+        return "" if value is None else decode(value)
+
+    return read
+
+
 _PARSED: dict[str, tuple[Forcing, ...]] = {}
+_FORCE_TEXT = _reader(FORCE_ENV)
+_AUTOTUNE_TEXT = _reader(AUTOTUNE_ENV)
 
 
 def _forced() -> tuple[Forcing, ...]:
     context = _FORCED.get()
     if context is not None:
         return context
-    text = os.environ.get(FORCE_ENV, "")        # one read: another thread may change it
+    text = _FORCE_TEXT()                        # one read: another thread may change it
     parsed = _PARSED.get(text)
     if parsed is None:
         parsed = _PARSED[text] = _parse(FORCE_ENV, text)
@@ -190,8 +211,8 @@ _AUTOTUNE: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "polyconv_autotune", default=None)
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "on", "true", "yes")
+def _on(text: str) -> bool:
+    return text.strip().lower() in ("1", "on", "true", "yes")
 
 
 @contextlib.contextmanager
@@ -223,7 +244,7 @@ def autotune(enabled: bool = True) -> Iterator[None]:
 
 def autotune_enabled() -> bool:
     value = _AUTOTUNE.get()
-    return _env_on(AUTOTUNE_ENV) if value is None else value
+    return _on(_AUTOTUNE_TEXT()) if value is None else value
 
 
 def settings() -> tuple:

@@ -55,6 +55,8 @@ FORCED = {
     "space_to_depth": "space_to_depth",
     # columns per image (forward and backward_weights, channels-first data, not depthwise)
     "im2col": "im2col",
+    # the whole im2col one gather through a per-plan index (small plans: every grid case)
+    "indexed": "indexed",
 }
 #: each strategy's internal layouts: the default choice by channel count, or channels-last
 #: throughout (the grid's channel counts are small, which the default runs channels-first);

@@ -62,6 +62,24 @@ def _tune_malloc_on_cpu() -> None:
         _malloc.tune()
 
 
+#: concrete types whose instances are JAX arrays (``jax.Array``, tracers included), as met
+_JAX_TYPES: set[type] = set()
+
+
+def _all_jax(arrays: tuple) -> bool:
+    """Whether every one of ``arrays`` is a JAX array or ``None``: nothing for
+    :func:`~._primitives.prepare` to convert (a type check, not ``isinstance`` against the
+    abstract ``jax.Array``, on every eager call)."""
+    for x in arrays:
+        if x is not None and type(x) not in _JAX_TYPES:
+            import jax
+
+            if not isinstance(x, jax.Array):
+                return False
+            _JAX_TYPES.add(type(x))
+    return True
+
+
 class JaxBackend:
     """The three primitives of the canonical convolution on JAX (see
     :class:`polyconv.Backend`)."""
@@ -120,13 +138,16 @@ class JaxBackend:
         static = plan.with_(precision=None, op=plan.primitive)
         precision = canonical_precision(plan.op, plan.precision)
         entries: dict[tuple, Any] = {}
+        f64 = plan.dtype == "float64"       # checked against JAX's 64-bit mode per call
 
         def run(*arrays):
             settings = choice_settings()
             fn = entries.get(settings)
             if fn is None:
                 fn = entries[settings] = _primitives.entry(static, precision, settings)
-            return fn(*prepare(plan, *arrays))
+            if f64 or not _all_jax(arrays):
+                arrays = prepare(plan, *arrays)
+            return fn(*arrays)
 
         return run
 

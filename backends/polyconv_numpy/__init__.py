@@ -40,6 +40,9 @@ on a plan's first call (:mod:`._measuring`). The strategies:
   layout: no phase grid, no crop and no change of layout of ``b``. Good when ``b`` is wider
   than the columns are deep (MNIST's 1->32, wav2vec 2.0's 1->512, the gradients of
   ConvTransposes to few channels) and on 1-D layers.
+* ``indexed`` (:mod:`._indexed`, small plans, every primitive): the whole im2col one
+  ``np.take`` through an index kept per plan, then one product in the user's layout: a few
+  numpy calls whatever the kernel, where the others issue some per tap (a tiny layer's time).
 * ``exact`` (:mod:`._exact`): per tap, one matrix product over the in-range window only.
   Padded positions contribute no term at all, which matters only when an input holds NaN or
   Inf (the grid would add ``0 * inf`` terms); such calls take this path, or
@@ -54,6 +57,7 @@ rounding to the output dtype (docs/numerics.md#error-bound), and only read their
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,6 +70,7 @@ from . import (
     _exact,
     _fast,
     _im2col,
+    _indexed,
     _overlap,
     _patches,
     _planes,
@@ -73,7 +78,7 @@ from . import (
     _subpixel,
     _window,
 )
-from ._measuring import MEASURE_TIE, Call, context
+from ._measuring import MEASURE_TIE, Call, candidates, context
 
 __all__ = ["BACKEND", "CHOOSER", "STRATEGIES", "NumpyBackend", "costs"]
 
@@ -89,6 +94,7 @@ STRATEGIES = (
     *_patches.STRATEGIES,
     *_space_to_depth.STRATEGIES,
     *_im2col.STRATEGIES,
+    *_indexed.STRATEGIES,
 )
 
 #: the numpy backend's chooser: the cheapest strategy by default; measured, the model's pick
@@ -116,11 +122,13 @@ class NumpyBackend:
     #: set to False to route every call through the exact path (tests compare the two)
     fast = True
 
-    def _call(self, primitive: str, plan: ConvPlan, args: tuple, *checked: Any) -> np.ndarray:
+    def _call(self, primitive: str, plan: ConvPlan, args: tuple, checked: tuple,
+              measurable: bool = True) -> np.ndarray:
         """One call of a primitive on the strategy :data:`CHOOSER` gives, except that an empty
         batch (no rows to lay on a grid) and non-finite ``checked`` inputs on a strategy not
         exact on them take the exact path. The first call starts the backend
-        (:func:`._common.start`).
+        (:func:`._common.start`). ``measurable``: whether measuring, when on, may time
+        candidates for the plan (:func:`._measuring.candidates`).
 
         NaN/Inf propagate by design (docs/numerics.md#nan-and-inf): numpy's "invalid value"
         warnings are silenced. The forward and backward_data check only ``w``: the grid adds
@@ -129,25 +137,45 @@ class NumpyBackend:
         zeros meet values of ``b``; a forward strategy whose zero taps meet the data checks
         ``a`` too."""
         _common.start()
-        exact = CHOOSER.get(primitive, "exact")
         with np.errstate(invalid="ignore"):
             if not self.fast or not plan.batch:
-                return exact.run(plan, *args)
+                return CHOOSER.get(primitive, "exact").run(plan, *args)
             call = Call(CHOOSER, primitive, plan, args, checked)
-            impl = CHOOSER.get(primitive, CHOOSER.choose(primitive, plan,
-                                                         measure=call.measurement))
+            impl = CHOOSER.get(primitive, CHOOSER.choose(
+                primitive, plan, measure=call.measurement if measurable else None))
             if not impl.exact_on_nonfinite and not call.finite(impl.zero_taps_meet_data):
-                impl = exact
+                impl = CHOOSER.get(primitive, "exact")
             return impl.run(plan, *args)
 
     def forward(self, plan: ConvPlan, a: Any, w: Any, bias: Any = None) -> np.ndarray:
-        return self._call("forward", plan, (a, w, bias), w)
+        return self._call("forward", plan, (a, w, bias), (w,))
 
     def backward_data(self, plan: ConvPlan, b: Any, w: Any, bias: Any = None) -> np.ndarray:
-        return self._call("backward_data", plan, (b, w, bias), w)
+        return self._call("backward_data", plan, (b, w, bias), (w,))
 
     def backward_weights(self, plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
-        return self._call("backward_weights", plan, (a, b), a, b)
+        return self._call("backward_weights", plan, (a, b), (a, b))
+
+    def specialize(self, plan: ConvPlan) -> Callable[..., np.ndarray]:
+        """``plan``'s primitive as a function of its arrays (see
+        :class:`polyconv.BackendHooks`), told once whether measuring could time anything for
+        the plan: a small plan's call then skips the measuring setting's read."""
+        call, primitive = self._call, plan.primitive
+        measurable = _measurable(primitive, plan)
+        if primitive == "backward_weights":
+            return lambda a, b: call(primitive, plan, (a, b), (a, b), measurable)
+        return lambda x, w, bias=None: call(primitive, plan, (x, w, bias), (w,), measurable)
+
+
+def _measurable(primitive: str, plan: ConvPlan) -> bool:
+    """Whether measuring could time candidates for ``plan`` (:func:`._measuring.candidates`
+    of the model's pick); ``True`` where the model prices nothing there."""
+    if not plan.batch:
+        return False
+    try:
+        return bool(candidates(CHOOSER, primitive, plan, CHOOSER.default(primitive, plan)))
+    except ValueError:          # no strategy priced: the chooser decides per call
+        return True
 
 
 BACKEND = NumpyBackend()

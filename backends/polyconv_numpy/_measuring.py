@@ -123,13 +123,14 @@ def finite(*arrays: Any) -> bool:
     16-bit floats are 5-40x slower); a sum that overflows reports ``False`` too, which only
     sends a call to the exact path.
     """
-    with np.errstate(all="ignore"):
-        for x in arrays:
-            x = np.asarray(x).ravel()
-            if x.dtype == np.float32:
-                ends = (np.minimum.reduce(x), np.maximum.reduce(x)) if x.size else ()
-            else:
-                ends = (np.add.reduce(x, dtype=np.float64),)
-            if not all(np.isfinite(v) for v in ends):
+    for x in arrays:
+        x = np.asarray(x).ravel()
+        if x.dtype == np.float32:       # no warning: min and max only propagate NaN
+            if x.size and not (np.isfinite(np.minimum.reduce(x))
+                               and np.isfinite(np.maximum.reduce(x))):
                 return False
+        else:
+            with np.errstate(all="ignore"):
+                if not np.isfinite(np.add.reduce(x, dtype=np.float64)):
+                    return False
     return True

@@ -138,16 +138,17 @@ def _ncx(x: torch.Tensor, low: Lowering) -> torch.Tensor:
     """User-layout data as torch's ``NCX`` (a view)."""
     if low.lift:
         x = x.unsqueeze(1)
-    return x if low.to_ncx is None else x.permute(low.to_ncx)
+    return x if low.to_ncx is None else x.permute(*low.to_ncx)
 
 
-def _user(y: torch.Tensor, perm: tuple[int, ...] | None, dtype: torch.dtype,
+def _user(y: torch.Tensor, perm: tuple[int, ...] | None, dtype: torch.dtype | None,
           lift_axis: int | None = None) -> torch.Tensor:
-    """torch's result in the user's layout and dtype, contiguous (one copy at most)."""
-    y = y if perm is None else y.permute(perm)
+    """torch's result in the user's layout and dtype (``None``: its own), contiguous (one
+    copy at most)."""
+    y = y if perm is None else y.permute(*perm)
     if lift_axis is not None:
         y = y.squeeze(lift_axis)
-    return (y if y.dtype == dtype else y.to(dtype)).contiguous()
+    return (y if dtype is None or y.dtype == dtype else y.to(dtype)).contiguous()
 
 
 def _data_out(y: torch.Tensor, low: Lowering, dtype: torch.dtype) -> torch.Tensor:
@@ -156,7 +157,7 @@ def _data_out(y: torch.Tensor, low: Lowering, dtype: torch.dtype) -> torch.Tenso
 
 def _canonical_weights(w: torch.Tensor, low: Lowering) -> torch.Tensor:
     """User-layout weights as ``[Cb, Ca/G, K..]`` (a view)."""
-    w = w if low.w_canonical is None else w.permute(low.w_canonical)
+    w = w if low.w_canonical is None else w.permute(*low.w_canonical)
     return w.unsqueeze(2) if low.lift else w
 
 
@@ -246,24 +247,26 @@ def _data_kernel(plan: ConvPlan, low: Lowering, differentiable, conv, args: tupl
     plain_out = out_perm is None and lift is None and not half   # one copy at most
 
     def kernel(x: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.Tensor:
-        dtype, setting = x.dtype, None
+        # torch's result has its inputs' dtype unless 16-bit inputs were computed wider
+        dtype, setting = None, None
         if f32:
             setting = _precision(level, "cpu" if x.is_cpu else x.device.type)
             if (setting is not None and differentiable is not None
                     and _grad_needed(x, w, bias) and overridden(level, _device_type(x))):
                 return differentiable(x, w, bias)
         elif half:
+            dtype = x.dtype
             wide = _cast(plan, x, w, bias, bias=bias is not None)
             if wide is not None:
                 x, w, bias = wide
         if lift is not None:
             x = x.unsqueeze(1)
         if to_ncx is not None:
-            x = x.permute(to_ncx)
+            x = x.permute(*to_ncx)
         if pad is not None:
             x = F.pad(x, pad)
         if w_perm is not None:
-            w = w.permute(w_perm)
+            w = w.permute(*w_perm)
         if lift is not None:
             w = w.unsqueeze(2)
         if setting is None:
