@@ -7,10 +7,9 @@ along two, equal the unsharded call and the float64 oracle. ``grads``: ``jax.gra
 sharded Convolution and ConvTranspose equals the unsharded gradient and the oracle's backward
 ops (and with a replicated bias, the unsharded gradient), that of two backward ops the
 unsharded gradient, and the compiled programs' only collectives are the halo permutes (plus
-the all-reduce of a weights gradient or a loss). ``errors``: the refusals. ``distributed PORT
-ID``: process ID of 2 (2 devices each, coordinator on localhost) runs a training step on data
-split along H over the 4 devices and compares it with the step on one device. Prints
-"<section> ok"."""
+the all-reduce of a weights gradient or a loss). ``errors``: the refusals. Prints "<section>
+ok". (The step over 2 ``jax.distributed`` processes is examples/unet3d_spatially_sharded.py's
+``--processes 2``, run by tests/test_examples.py.)"""
 
 import sys
 from pathlib import Path
@@ -302,58 +301,7 @@ def errors():
     print("errors ok")
 
 
-def distributed(port: str, pid: str):
-    """A training step (ConvTranspose k3 s2 output_padding 1, ReLU, 3x3 Convolution) on data
-    split along H over the 4 devices of 2 processes equals the step on one device."""
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=int(pid),
-                               initialization_timeout=120)
-    assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
-    mesh = Mesh(np.array(jax.devices()), ("x",))
-    split, replicated = NamedSharding(mesh, P(None, "x")), NamedSharding(mesh, P())
-    up = dict(strides=2, pads_begin=1, pads_end=1, output_padding=1)
-    x = rng.standard_normal((2, 8, 6, 4)).astype(np.float32)
-    target = rng.standard_normal((2, 16, 12, 3)).astype(np.float32)
-    params = {"up": rng.standard_normal((3, 3, 5, 4)).astype(np.float32) / 6,
-              "conv": rng.standard_normal((3, 3, 5, 3)).astype(np.float32) / 6}
-
-    def net(params, x, conv):
-        h = jax.nn.relu(conv("conv_transpose", x, params["up"], **up))
-        return conv("convolution", h, params["conv"], auto_pad="same_upper")
-
-    def step(params, x, target, conv):
-        def loss(params):
-            return jnp.mean((net(params, x, conv) - target) ** 2)
-        value, grads = jax.value_and_grad(loss)(params)
-        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-
-    def sharded(op, x, w, **attrs):
-        return polyconv.spatially_sharded(op, x, w, mesh=mesh, spatial=("x",), **attrs)
-
-    def plain(op, x, w, **attrs):
-        return getattr(polyconv, op)(x, w, **attrs)
-
-    with jax.default_device(jax.local_devices()[0]):
-        ref_value, ref_params = jax.jit(lambda p, x, t: step(p, x, t, plain))(
-            params, x, target)
-    rows = slice(jax.process_index() * 2 * 2, (jax.process_index() + 1) * 2 * 2)  # H rows
-    xs = jax.make_array_from_process_local_data(split, x[:, rows])
-    ts = jax.make_array_from_process_local_data(
-        split, target[:, slice(rows.start * 2, rows.stop * 2)])
-    ps = jax.tree.map(lambda p: jax.make_array_from_process_local_data(replicated, p), params)
-    value, new = jax.jit(lambda p, x, t: step(p, x, t, sharded))(ps, xs, ts)
-    np.testing.assert_allclose(np.asarray(value.addressable_data(0)), ref_value, rtol=1e-5)
-    for name in params:
-        assert new[name].sharding.is_fully_replicated
-        np.testing.assert_allclose(np.asarray(new[name].addressable_data(0)), ref_params[name],
-                                   rtol=1e-4, atol=1e-6, err_msg=name)
-    print("distributed ok", jax.process_index())
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "distributed":
-        distributed(*sys.argv[2:])
-    else:
-        jax.config.update("jax_enable_x64", True)
-        assert jax.device_count() == 8, jax.devices()
-        {"values": values, "grads": grads, "errors": errors}[sys.argv[1]]()
+    jax.config.update("jax_enable_x64", True)
+    assert jax.device_count() == 8, jax.devices()
+    {"values": values, "grads": grads, "errors": errors}[sys.argv[1]]()
