@@ -98,14 +98,14 @@ def _fake_measure(times, calls):
 
 def test_the_fastest_candidate_is_chosen_and_kept(measuring, monkeypatch):
     calls = []
-    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases_matmul": 0.1}, calls))
     plan = _plan()
-    assert _choice.choose("backward_data", plan, None) == "phases"
-    assert _choice.choose("backward_data", plan, None) == "phases"
+    assert _choice.choose("backward_data", plan, None) == "phases_matmul"
+    assert _choice.choose("backward_data", plan, None) == "phases_matmul"
     assert len(calls) == 1                       # measured once per plan
     # the op name and bias are not part of the key: the oneDNN alias reuses the measurement
     assert _choice.choose("backward_data", plan.with_(op="ConvTranspose", has_bias=True),
-                          None) == "phases"
+                          None) == "phases_matmul"
     assert len(calls) == 1
 
 
@@ -120,12 +120,12 @@ def test_the_plain_lowering_is_always_measured(measuring, monkeypatch):
         assert "direct" in _candidates(primitive, plan)
 
 
-@pytest.mark.parametrize(("plain", "chosen"), [(1.09, "direct"), (1.11, "phases")])
+@pytest.mark.parametrize(("plain", "chosen"), [(1.09, "direct"), (1.11, "phases_matmul")])
 def test_the_plain_lowering_wins_a_close_call(measuring, monkeypatch, plain, chosen):
     """Another lowering must beat the plain one (a hand-written lax call's) by more than the
     plain tie, 10%, to be chosen."""
     monkeypatch.setattr(_choice, "measure",
-                        _fake_measure({"phases": 0.5, "direct": 0.5 * plain}, []))
+                        _fake_measure({"phases_matmul": 0.5, "direct": 0.5 * plain}, []))
     assert _policy("backward_data", _plan()) != "direct"
     assert _choice.choose("backward_data", _plan(), None) == chosen
 
@@ -231,13 +231,13 @@ def test_a_per_group_problem_is_measured_when_all_the_groups_together_are_large(
     """A per-group lowering's inner problem is repeated once per group: it is measured when
     the copies together reach the threshold, though one alone would not."""
     calls = []
-    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases_matmul": 0.1}, calls))
     plan = _plan()
     monkeypatch.setattr(_choice, "MEASURE_MIN_MACS", 8 * plan.macs)
     assert _choice.choose("backward_data", plan, None, repeats=4) == _policy(
         "backward_data", plan)
     assert calls == []
-    assert _choice.choose("backward_data", plan, None, repeats=8) == "phases"
+    assert _choice.choose("backward_data", plan, None, repeats=8) == "phases_matmul"
     assert len(calls) == 1
 
 
@@ -273,7 +273,7 @@ def test_a_grouped_candidate_measures_its_inner_problem_while_it_is_compiled(mea
 
 def test_autotune_off_and_forcing_take_precedence(measuring, monkeypatch):
     calls = []
-    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases_matmul": 0.1}, calls))
     with polyconv.autotune(False):
         assert _choice.choose("backward_data", _plan(), None) == _policy(
             "backward_data", _plan())
@@ -292,19 +292,19 @@ def test_the_cache_file(measuring, monkeypatch):
     path = measuring / "choices.json"
     monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     calls = []
-    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
-    assert _choice.choose("backward_data", _plan(), None) == "phases"
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases_matmul": 0.1}, calls))
+    assert _choice.choose("backward_data", _plan(), None) == "phases_matmul"
     stored = json.loads(path.read_text())
-    assert list(stored["choices"].values()) == ["phases"]
+    assert list(stored["choices"].values()) == ["phases_matmul"]
     # a new process (an empty in-process cache) reads it instead of measuring
     CHOOSER.forget()
-    assert _choice.choose("backward_data", _plan(), None) == "phases"
+    assert _choice.choose("backward_data", _plan(), None) == "phases_matmul"
     assert len(calls) == 1
     # an unreadable file is ignored with a warning and only costs a measurement
     path.write_text("not json")
     CHOOSER.forget()
     with pytest.warns(UserWarning, match="not a polyconv autotune cache"):
-        assert _choice.choose("backward_data", _plan(), None) == "phases"
+        assert _choice.choose("backward_data", _plan(), None) == "phases_matmul"
     assert len(calls) == 2
 
 
@@ -314,16 +314,16 @@ def test_a_multi_process_run_only_reads_the_cache_file(measuring, monkeypatch):
     path = measuring / "choices.json"
     monkeypatch.setenv(_cache_file.CACHE_ENV, str(path))
     calls = []
-    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases_matmul": 0.1}, calls))
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     plan = _plan()
     assert _choice.choose("backward_data", plan, None) == _policy("backward_data", plan)
     assert calls == []
     monkeypatch.setattr(jax, "process_count", lambda: 1)
-    assert _choice.choose("backward_data", plan, None) == "phases"    # measured, stored
+    assert _choice.choose("backward_data", plan, None) == "phases_matmul"    # measured, stored
     CHOOSER.forget()
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    assert _choice.choose("backward_data", plan, None) == "phases"
+    assert _choice.choose("backward_data", plan, None) == "phases_matmul"
     assert len(calls) == 1
 
 
@@ -331,7 +331,7 @@ def test_measurements_are_kept_per_xla_options(measuring, monkeypatch):
     """XLA's options change what every candidate compiles to: a choice measured (or stored
     in the cache file) under one ``XLA_FLAGS`` is not reused under another."""
     calls = []
-    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases": 0.1}, calls))
+    monkeypatch.setattr(_choice, "measure", _fake_measure({"phases_matmul": 0.1}, calls))
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     plan = _plan()
     _choice.choose("backward_data", plan, None)

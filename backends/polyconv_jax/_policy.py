@@ -19,7 +19,7 @@ from ._common import _phases
 from ._elementwise import ELEMENTWISE_MAX_CHANNELS, depthwise_applies
 from ._grouped import splits_by_group, weights_apply
 from ._patches import patches_fit
-from ._plain import bands_apply
+from ._plain import bands_apply, direct_applies
 from ._subpixel import subpixel_is_exact
 from ._xla import platform as current_platform
 
@@ -67,6 +67,13 @@ NARROW_WIDE_CHANNELS = 64
 
 #: ... for plans of at least this many multiply-adds (smaller ones were not measured)
 NARROW_MIN_MACS = 10_000_000
+
+
+#: a strided backward_data left after the other rules takes the lhs-dilated convolution
+#: (``direct``) with channels-last data and at least this many channels on both sides, where
+#: the corpus records have it within 1.0-1.4x of the best (DCGAN's 512->256 to 128->64,
+#: ResNet-50's strided 3x3), else ``matmul_overlap_add``
+LHS_DILATED_MIN_CHANNELS = 64
 
 
 def narrow(plan: ConvPlan) -> bool:
@@ -219,7 +226,10 @@ def choose_backward_data(plan: ConvPlan) -> str:
     narrow (:func:`narrow`) and in 3-D (XLA CPU's 3-D convolutions are slow); other groups
     ``grouped`` or ``phases_matmul``; ``subpixel`` where exact and 1-D or of few channels;
     ``matmul_overlap_add`` where each phase has at most one tap (the overlap-add is then a reshape);
-    else ``phases`` (``phases_matmul`` in 16 bits, where XLA CPU's products beat its convolutions).
+    else ``phases_matmul`` in 16 bits (XLA CPU's products beat its convolutions there),
+    ``direct`` for channels-last data wide on both sides (:data:`LHS_DILATED_MIN_CHANNELS`),
+    else ``matmul_overlap_add`` (on the corpus records as fast as the per-phase convolutions
+    these replaced, or faster, and cheaper to compile: docs/design_notes.md).
     """
     if (few_per_group(plan, plan.b_channels)
             or few_channels(plan, plan.b_channels, ELEMENTWISE_MAX_CHANNELS)):
@@ -238,7 +248,12 @@ def choose_backward_data(plan: ConvPlan) -> str:
         return "subpixel"
     if all(len(taps) <= 1 for p in _phases(plan) for taps in p.taps):
         return "matmul_overlap_add"
-    return "phases_matmul" if plan.dtype in ("float16", "bfloat16") else "phases"
+    if plan.dtype in ("float16", "bfloat16"):
+        return "phases_matmul"
+    if (plan.channels_last and min(plan.a_channels, plan.b_channels) >= LHS_DILATED_MIN_CHANNELS
+            and direct_applies(plan)):
+        return PLAIN
+    return "matmul_overlap_add"
 
 
 def _backward_data_unstrided(plan: ConvPlan) -> str:
