@@ -518,13 +518,19 @@ def test_default_forward_choice():
     assert choose(plan((32, 32, 32, 3), (3, 3, 3, 32))) == "elementwise"
     assert choose(plan((16, 32, 32, 8), (3, 3, 8, 16))) == "folded"           # 8 read
     assert choose(plan((4, 224, 224, 3), (7, 7, 3, 64), strides=2)) != "elementwise"  # 192
+    # strided 2-D: folded compiles ~10x the plain call and gains nothing both records agree on
+    assert choose(plan((4, 224, 224, 3), (7, 7, 3, 64), strides=2)) == "direct"
     # more channels per group: one ungrouped convolution per group, up to the bound
     assert choose(plan((4, 56, 56, 64), (3, 3, 16, 64), groups=4)) == "grouped"
     assert choose(plan((4, 56, 56, 256), (3, 3, 8, 256), groups=32)) == "grouped"
     assert choose(plan((4, 56, 56, 512), (3, 3, 8, 512), groups=64)) == "direct"
-    # strided 3-D: gather patches, multiply once (XLA CPU's 3-D convolutions are slow)
+    # strided 3-D: gather patches, multiply once (XLA CPU's 3-D convolutions are slow) where
+    # the patches are narrow or the windows apart; wide overlapping ones (27 windows of 32
+    # channels) as 2-D problems, which compile in a third of the time and run as fast
     assert choose(plan((8, 32, 32, 32, 1), (3, 3, 3, 1, 64), strides=2)) == "im2col"
     assert choose(plan((8, 32, 32, 32, 2), (3, 3, 3, 2, 128), strides=2)) == "im2col"
+    assert choose(plan((1, 32, 40, 48, 64), (2, 2, 2, 64, 128), strides=2)) == "im2col"
+    assert choose(plan((1, 32, 32, 32, 32), (3, 3, 3, 32, 64), strides=2)) == "sliced"
     assert choose(plan((1, 32, 64, 64, 32), (3, 3, 3, 32, 32))) == "sliced"
     assert choose(plan((4, 56, 56, 64), (3, 3, 64, 64))) == "folded"          # 2-D NXC
 

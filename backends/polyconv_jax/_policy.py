@@ -153,6 +153,11 @@ def folds(plan: ConvPlan) -> bool:
 FOLDED_MIN_CHANNELS = 64
 
 
+def windows_apart(plan: ConvPlan) -> bool:
+    """Kernels no longer than their strides: the windows do not overlap."""
+    return all(k <= s for k, s in zip(plan.kernel, plan.strides))
+
+
 def one_tap(plan: ConvPlan) -> bool:
     """A 1x1 kernel: one matrix product, which XLA CPU's convolution runs several times slower."""
     return math.prod(plan.kernel) == 1
@@ -176,15 +181,19 @@ def upsamples(plan: ConvPlan) -> bool:
 def choose_forward(plan: ConvPlan) -> str:
     """The default forward lowering on CPU. Few input channels per group go elementwise (XLA
     CPU's grouped convolution is a slow path), other groups ``grouped``; dilated kernels
-    ``taps``; strided 3-D plans gather patches (its 3-D convolutions are slow), stride-1 ones
-    ``sliced``; strided channels-first plans whose patches make a narrow matrix one product
+    ``taps``; strided 3-D plans gather patches (its 3-D convolutions are slow) where they
+    make a narrow matrix or the windows do not overlap (:func:`windows_apart`), other 3-D
+    plans ``sliced`` (a gather of many wide windows compiles one XLA loop per window: MONAI's
+    3x3x3 s2 forward 10x the plain call's compile as ``im2col``, 3x as ``sliced``, which runs
+    as fast); strided channels-first plans whose patches make a narrow matrix one product
     over them (:func:`narrow_patches`: wav2vec 2.0's 1->512 k10 s5, 6.6x faster than
     space-to-depth since that product reads channels-first data as it lies); other strided
     plans with narrow inputs or kernels equal to their strides go space-to-depth
     (``space_to_depth``: a wide stride-1 contraction); ungrouped plans of few channels
     elementwise (:func:`few_channels`); 1x1 kernels one matrix product; 2-D
-    channels-last plans ``folded`` (:func:`folds`) without a stride or with few input
-    channels (strided wide ones gain within noise); else ``direct``."""
+    channels-last plans without a stride ``folded`` (:func:`folds`; strided ones gained
+    within noise or lost, and compile ~6x the plain call: ResNet-50's stem); else
+    ``direct``."""
     if (few_per_group(plan, plan.a_channels)
             or (few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS)
                 and not any(s > 1 for s in plan.strides))):
@@ -195,9 +204,11 @@ def choose_forward(plan: ConvPlan) -> str:
         return "taps" if _taps.measured(plan, plan.a_channels) else "direct"
     strided = any(s > 1 for s in plan.strides)
     if plan.ndim >= 3:
-        if strided:
-            return "im2col" if patches_fit(plan) else "direct"
-        return "sliced" if _sliced.slices(plan) else "direct"
+        if not strided:
+            return "sliced" if _sliced.slices(plan) else "direct"
+        if patches_fit(plan) and (narrow_patches(plan) or windows_apart(plan)):
+            return "im2col"
+        return "sliced" if patches_fit(plan) else "direct"
     if strided and not plan.channels_last and narrow_patches(plan):
         return "im2col"
     if _space_to_depth.applies(plan) and (
@@ -207,7 +218,7 @@ def choose_forward(plan: ConvPlan) -> str:
         return "elementwise"
     if one_tap(plan) and patches_fit(plan):
         return "im2col"
-    if folds(plan) and (not strided or plan.a_channels <= SUBPIXEL_MAX_CHANNELS):
+    if folds(plan) and not strided:
         return "folded"
     return "direct"
 
