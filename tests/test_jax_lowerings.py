@@ -520,6 +520,10 @@ def test_default_forward_choice():
     assert choose(plan((4, 224, 224, 3), (7, 7, 3, 64), strides=2)) != "elementwise"  # 192
     # strided 2-D: folded compiles ~10x the plain call and gains nothing both records agree on
     assert choose(plan((4, 224, 224, 3), (7, 7, 3, 64), strides=2)) == "direct"
+    # 1x1: one matrix product (XLA CPU's 1x1 convolution is slow), but not strided (there
+    # it is as fast, and compiles less than the strided slice and product)
+    assert choose(plan((4, 56, 56, 256), (1, 1, 256, 64))) == "im2col"
+    assert choose(plan((4, 56, 56, 256), (1, 1, 256, 512), strides=2)) == "direct"
     # more channels per group: one ungrouped convolution per group, up to the bound
     assert choose(plan((4, 56, 56, 64), (3, 3, 16, 64), groups=4)) == "grouped"
     assert choose(plan((4, 56, 56, 256), (3, 3, 8, 256), groups=32)) == "grouped"
