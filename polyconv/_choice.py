@@ -143,12 +143,12 @@ def implementation(spec: str | None = None, **per_primitive: str) -> Iterator[No
 
     ``spec`` is what ``POLYCONV_IMPLEMENTATION`` holds, comma-separated items of the form
     ``[backend:][primitive=]name``: ``"matmul_overlap_add"`` forces it on every backend and
-    primitive that has it, ``"jax:backward_data=phases"`` one backend's one primitive. Keywords are
-    ``primitive=name`` items. The block's forcing replaces the environment's and adds to an
-    enclosing block's. A forced implementation that cannot compute a plan leaves that plan
-    to the default pick (the log says so). Unknown names raise ``ValueError``; the names are
-    in the glossary of docs/architecture.md. The setting is read when a JAX op is traced: a
-    function jitted before keeps its implementation.
+    primitive that has it, ``"jax:backward_data=phases_matmul"`` one backend's one primitive.
+    Keywords are ``primitive=name`` items. The block's forcing replaces the environment's and
+    adds to an enclosing block's. A forced implementation that cannot compute a plan leaves
+    that plan to the default pick (the log says so). Unknown names raise ``ValueError``; the
+    names are in the glossary of docs/architecture.md. The setting is read when a JAX op is
+    traced: a function jitted before keeps its implementation.
 
     Examples
     --------

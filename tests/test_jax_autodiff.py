@@ -110,7 +110,7 @@ def test_gradients_take_no_slow_path(op):
     fn, args = _ops(np.random.default_rng(3), "NXC")[op]
     g = jnp.ones(fn(*args).shape)
     with polyconv.implementation(
-            "jax:forward=direct,jax:backward_data=phases,jax:backward_weights=grouped"):
+            "jax:forward=direct,jax:backward_data=phases_matmul,jax:backward_weights=grouped"):
         text = jax.jit(lambda *a: jax.vjp(fn, *a)[1](g)).lower(*args).as_text()
     assert not _slow_paths(text), _slow_paths(text)
 

@@ -6,7 +6,7 @@ with the user's data and weights layouts as dimension numbers, and decomposition
 XLA's slow paths (the phases of a strided transposed convolution, im2col products,
 GEMM + overlap-add, elementwise forms for few channels per group). Which one runs is the
 platform's default policy, measured per plan and device when :func:`polyconv.autotune` is on,
-or forced by name with :func:`polyconv.implementation` (``"jax:backward_data=phases"``); the
+or forced by name with :func:`polyconv.implementation` (``"jax:backward_data=phases_matmul"``); the
 core chooser (:mod:`polyconv._choice`) does all three over this backend's records.
 
 The modules, in layers (none imports one above it): :mod:`._xla` (precision, dimension

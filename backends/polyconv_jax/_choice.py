@@ -6,7 +6,7 @@ plain one-call lowering a hand-written ``lax`` call would be). A plan's lowering
 when the primitive is traced, by :data:`CHOOSER` (:mod:`polyconv._choice`):
 
 1. one forced by :func:`polyconv.implementation` or ``POLYCONV_IMPLEMENTATION`` (e.g.
-   ``"jax:backward_data=phases"``), where it applies;
+   ``"jax:backward_data=phases_matmul"``), where it applies;
 2. with measuring on (:func:`polyconv.autotune`, ``POLYCONV_AUTOTUNE=1``; off by default), the
    fastest of :func:`candidates`, compiled and timed on random inputs of the plan's shapes on
    the default device (:func:`measure`), kept per device, JAX version, ``XLA_FLAGS``,
@@ -64,7 +64,6 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
     _plain.BACKWARD_DATA,
     _plain.BACKWARD_WEIGHTS,
     _plain.BANDS,
-    _subpixel.PHASES,
     _subpixel.PHASES_MATMUL,
     _subpixel.SUBPIXEL,
     _subpixel.SUBPIXEL_MATMUL,

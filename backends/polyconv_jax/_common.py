@@ -147,13 +147,6 @@ def _phases(plan: ConvPlan) -> tuple[AxisPhases, ...]:
     return plan_phases(plan).axes
 
 
-def _padding(p: AxisPhases, top: int, window: int) -> tuple[int, int]:
-    """Pads of ``b`` for a stride-1 window of ``window`` rows whose first row reads
-    ``b[q - top]`` for output row ``q``: the output rows are ``q_lo .. q_lo+rows-1``."""
-    lo = top - p.q_lo
-    return lo, p.rows + window - 1 - p.small - lo
-
-
 def _interleave(plan: ConvPlan, axes: tuple[AxisPhases, ...], parts: dict,
                 group_major: bool = False):
     """Interleave the phase outputs (``parts[r]``, rows ``q_lo..``) and crop to ``A``.

@@ -19,7 +19,7 @@ from ._common import _phases
 from ._elementwise import ELEMENTWISE_MAX_CHANNELS, depthwise_applies
 from ._grouped import splits_by_group, weights_apply
 from ._patches import patches_fit
-from ._plain import bands_apply
+from ._plain import bands_apply, direct_applies
 from ._subpixel import subpixel_is_exact
 from ._xla import platform as current_platform
 
@@ -67,6 +67,13 @@ NARROW_WIDE_CHANNELS = 64
 
 #: ... for plans of at least this many multiply-adds (smaller ones were not measured)
 NARROW_MIN_MACS = 10_000_000
+
+
+#: a strided backward_data left after the other rules takes the lhs-dilated convolution
+#: (``direct``) with channels-last data and at least this many channels on both sides, where
+#: the corpus records have it within 1.0-1.4x of the best (DCGAN's 512->256 to 128->64,
+#: ResNet-50's strided 3x3), else ``matmul_overlap_add``
+LHS_DILATED_MIN_CHANNELS = 64
 
 
 def narrow(plan: ConvPlan) -> bool:
@@ -146,6 +153,11 @@ def folds(plan: ConvPlan) -> bool:
 FOLDED_MIN_CHANNELS = 64
 
 
+def windows_apart(plan: ConvPlan) -> bool:
+    """Kernels no longer than their strides: the windows do not overlap."""
+    return all(k <= s for k, s in zip(plan.kernel, plan.strides))
+
+
 def one_tap(plan: ConvPlan) -> bool:
     """A 1x1 kernel: one matrix product, which XLA CPU's convolution runs several times slower."""
     return math.prod(plan.kernel) == 1
@@ -169,15 +181,21 @@ def upsamples(plan: ConvPlan) -> bool:
 def choose_forward(plan: ConvPlan) -> str:
     """The default forward lowering on CPU. Few input channels per group go elementwise (XLA
     CPU's grouped convolution is a slow path), other groups ``grouped``; dilated kernels
-    ``taps``; strided 3-D plans gather patches (its 3-D convolutions are slow), stride-1 ones
-    ``sliced``; strided channels-first plans whose patches make a narrow matrix one product
+    ``taps``; strided 3-D plans gather patches (its 3-D convolutions are slow) where they
+    make a narrow matrix or the windows do not overlap (:func:`windows_apart`), other 3-D
+    plans ``sliced`` (a gather of many wide windows compiles one XLA loop per window: MONAI's
+    3x3x3 s2 forward 10x the plain call's compile as ``im2col``, 3x as ``sliced``, which runs
+    as fast); strided channels-first plans whose patches make a narrow matrix one product
     over them (:func:`narrow_patches`: wav2vec 2.0's 1->512 k10 s5, 6.6x faster than
     space-to-depth since that product reads channels-first data as it lies); other strided
     plans with narrow inputs or kernels equal to their strides go space-to-depth
     (``space_to_depth``: a wide stride-1 contraction); ungrouped plans of few channels
-    elementwise (:func:`few_channels`); 1x1 kernels one matrix product; 2-D
-    channels-last plans ``folded`` (:func:`folds`) without a stride or with few input
-    channels (strided wide ones gain within noise); else ``direct``."""
+    elementwise (:func:`few_channels`); 1x1 kernels without a stride one matrix product
+    (XLA CPU's strided 1x1 convolution is as fast, and compiles 2-4x less: ResNet-50's
+    downsample); 2-D
+    channels-last plans without a stride ``folded`` (:func:`folds`; strided ones gained
+    within noise or lost, and compile ~6x the plain call: ResNet-50's stem); else
+    ``direct``."""
     if (few_per_group(plan, plan.a_channels)
             or (few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS)
                 and not any(s > 1 for s in plan.strides))):
@@ -188,9 +206,11 @@ def choose_forward(plan: ConvPlan) -> str:
         return "taps" if _taps.measured(plan, plan.a_channels) else "direct"
     strided = any(s > 1 for s in plan.strides)
     if plan.ndim >= 3:
-        if strided:
-            return "im2col" if patches_fit(plan) else "direct"
-        return "sliced" if _sliced.slices(plan) else "direct"
+        if not strided:
+            return "sliced" if _sliced.slices(plan) else "direct"
+        if patches_fit(plan) and (narrow_patches(plan) or windows_apart(plan)):
+            return "im2col"
+        return "sliced" if patches_fit(plan) else "direct"
     if strided and not plan.channels_last and narrow_patches(plan):
         return "im2col"
     if _space_to_depth.applies(plan) and (
@@ -198,9 +218,9 @@ def choose_forward(plan: ConvPlan) -> str:
         return "space_to_depth"
     if few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS):
         return "elementwise"
-    if one_tap(plan) and patches_fit(plan):
+    if one_tap(plan) and patches_fit(plan) and not strided:
         return "im2col"
-    if folds(plan) and (not strided or plan.a_channels <= SUBPIXEL_MAX_CHANNELS):
+    if folds(plan) and not strided:
         return "folded"
     return "direct"
 
@@ -219,7 +239,10 @@ def choose_backward_data(plan: ConvPlan) -> str:
     narrow (:func:`narrow`) and in 3-D (XLA CPU's 3-D convolutions are slow); other groups
     ``grouped`` or ``phases_matmul``; ``subpixel`` where exact and 1-D or of few channels;
     ``matmul_overlap_add`` where each phase has at most one tap (the overlap-add is then a reshape);
-    else ``phases`` (``phases_matmul`` in 16 bits, where XLA CPU's products beat its convolutions).
+    else ``phases_matmul`` in 16 bits (XLA CPU's products beat its convolutions there),
+    ``direct`` for channels-last data wide on both sides (:data:`LHS_DILATED_MIN_CHANNELS`),
+    else ``matmul_overlap_add`` (on the corpus records as fast as the per-phase convolutions
+    these replaced, or faster, and cheaper to compile: docs/design_notes.md).
     """
     if (few_per_group(plan, plan.b_channels)
             or few_channels(plan, plan.b_channels, ELEMENTWISE_MAX_CHANNELS)):
@@ -238,7 +261,12 @@ def choose_backward_data(plan: ConvPlan) -> str:
         return "subpixel"
     if all(len(taps) <= 1 for p in _phases(plan) for taps in p.taps):
         return "matmul_overlap_add"
-    return "phases_matmul" if plan.dtype in ("float16", "bfloat16") else "phases"
+    if plan.dtype in ("float16", "bfloat16"):
+        return "phases_matmul"
+    if (plan.channels_last and min(plan.a_channels, plan.b_channels) >= LHS_DILATED_MIN_CHANNELS
+            and direct_applies(plan)):
+        return PLAIN
+    return "matmul_overlap_add"
 
 
 def _backward_data_unstrided(plan: ConvPlan) -> str:

@@ -1,5 +1,5 @@
 """The phase (sub-pixel) lowerings. backward_data: per phase of the stride, one stride-1
-convolution with exactly that phase's taps (``phases``, ``phases_matmul``), or one fused
+problem with exactly that phase's taps as matrix products (``phases_matmul``), or one fused
 convolution whose output channels are the phases (``subpixel``, ``subpixel_matmul``); the
 weight gradient: one convolution per phase of the large tensor (``phases``). The phase numbers
 come from :mod:`polyconv._phases`.
@@ -20,41 +20,8 @@ from polyconv import ConvPlan
 from polyconv._choice import Implementation
 from polyconv._phases import phases as plan_phases
 
-from ._common import _crop, _interleave, _padding, _phase_shape, _phases, pad_large
-from ._xla import _conv_general, _data_spec, _dnums, _merge, _regroup
-
-
-def _by_phase(plan: ConvPlan, precision, b, w):
-    """``prod(s)`` stride-1 convolutions, one per phase, with exactly that phase's taps.
-
-    Phase ``r``'s kernel is the taps ``k = r' + j*step`` (every ``step``-th tap, reversed: a
-    correlation), dilated by ``dd``; a phase that no tap reaches is zeros. No multiply-add is
-    wasted, but XLA runs ``prod(s)`` convolutions and the interleave copies the output once.
-    """
-    axes = _phases(plan)
-    data = _data_spec(plan)
-    perm = plan.weights_perm
-    dnums = _dnums(data, (perm[1], perm[0], *perm[2:]), data)
-    parts = {}
-    for r in itertools.product(*(range(p.stride) for p in axes)):
-        taps = [p.taps[ri] for p, ri in zip(axes, r)]
-        if not all(taps):
-            parts[r] = jnp.zeros(_phase_shape(plan, axes), plan.acc_dtype)
-            continue
-        sub = w
-        for i, (p, t) in enumerate(zip(axes, taps)):
-            sub = lax.slice_in_dim(sub, t[0], t[-1] + 1, p.tap_step, perm[2 + i])
-        sub = lax.rev(sub, perm[2:])
-        if plan.groups > 1:
-            sub = _regroup(sub, perm[0], perm[1], plan.groups)
-        padding = [_padding(p, p.phase_shifts[ri][-1], (len(t) - 1) * p.shift_step + 1)
-                   for p, ri, t in zip(axes, r, taps)]
-        parts[r] = _conv_general(
-            b, sub, window_strides=(1,) * plan.ndim, padding=padding,
-            rhs_dilation=tuple(p.shift_step for p in axes), dimension_numbers=dnums,
-            feature_group_count=plan.groups, precision=precision,
-            preferred_element_type=plan.acc_dtype)
-    return _interleave(plan, axes, parts)
+from ._common import _crop, _interleave, _phases, pad_large
+from ._xla import _conv_general, _data_spec, _dnums, _merge
 
 
 def _fused_kernel(plan: ConvPlan, w):
@@ -203,7 +170,8 @@ def _subpixel_matmul(plan: ConvPlan, precision, b, w):
 
 
 def _phases_matmul(plan: ConvPlan, precision, b, w):
-    """The phases of :func:`_by_phase` as explicit matrix products: exact multiply-adds.
+    """Per phase of the stride, one stride-1 problem with exactly that phase's taps, as explicit
+    matrix products: exact multiply-adds.
 
     Per phase, patches of its ``T_r`` taps (see :func:`_product`) times the kernel
     ``[G, T_r*Cb/G, Ca/G]`` of those taps; then the phases are interleaved.
@@ -294,7 +262,6 @@ def _weights_phases(plan: ConvPlan, precision, a, b):
     return _taps_to_layout(plan, taps)
 
 
-PHASES = Implementation("phases", "backward_data", _by_phase)
 PHASES_MATMUL = Implementation("phases_matmul", "backward_data", _phases_matmul)
 # their zero taps meet b where the phases do not fill one window (k3 s2): exact only where they
 # do (:func:`subpixel_is_exact`)
