@@ -41,17 +41,8 @@ from ._ops import infer_shape
 from ._optable import spec
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="polyconv",
-        description="The convolution family with one exact meaning on every array library.",
-        epilog="Run 'polyconv compare' with no arguments for the built-in agreement suite.")
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"polyconv {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def _add_compare_parser(sub) -> None:
+    """``polyconv compare``: its options."""
     c = sub.add_parser(
         "compare", help="check every backend against a float64 reference, within the "
                         "error bound of the docs page 'The numerical contract'",
@@ -78,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_shape_options(c, bias_shape=False)
     add_attr_options(c)
     c.set_defaults(func=cmd_compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="polyconv",
+        description="The convolution family with one exact meaning on every array library.",
+        epilog="Run 'polyconv compare' with no arguments for the built-in agreement suite.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"polyconv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    _add_compare_parser(sub)
 
     s = sub.add_parser("shape", help="output shape and resolved pads of one op (no arrays)",
                        description="Shape inference (polyconv.infer_shape): the output shape "
