@@ -267,6 +267,18 @@ def test_cost_model_takes_the_exact_weight_gradient_for_small_images_of_wide_cha
     assert _choose("backward_weights", resnet) != "exact"
 
 
+def test_cost_model_prices_the_grids_depthwise_sums_on_channels_first_data():
+    # the Conformer's depthwise k31 on channels-first data: the grid's depthwise sums, not
+    # its dense gathers (docs/records/implementations-avx512.json: 3.8 ms against 14.0 by
+    # planes; the dense formula had priced the grid at 25)
+    from polyconv.benchmarks.corpus_layers import LAYERS
+
+    (layer,) = [ly for ly in LAYERS if ly.title.startswith("Conformer: depthwise")]
+    plan = layer.plan.with_(primitive="forward", dtype="float32")
+    assert not plan.channels_last and plan.groups == plan.a_channels
+    assert _choose("forward", plan) == "gather"
+
+
 @pytest.mark.parametrize("layout", ["NXC", "NCX"])
 def test_depthwise_choice_and_memory(layout):
     # one channel per group: no product left. forward sums the taps' blocks of grid rows
@@ -296,7 +308,7 @@ def test_depthwise_choice_and_memory(layout):
     assert _choose("backward_weights", wide) == "window"
     assert _choose("forward", big) == "window"
     assert _choose("backward_weights", big) == "gather"
-    if layout == "NCX":       # by planes, in place: no change of layout (2.4x the grid's speed)
+    if layout == "NCX":       # by planes, in place: no change of layout (1.0-1.3x the grid's)
         assert _choose("forward", plan) == "planes"
     import tracemalloc
 

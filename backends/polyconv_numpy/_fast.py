@@ -40,7 +40,6 @@ from ._common import (
 )
 from ._costs import COPY_S, FILL_S, Sizes, copy, gemm, gemm_long, sizes, strategy
 from ._depthwise import groups, tap_sum, tap_weights
-from ._exact import reads_in_place
 from ._grid import Grid
 from ._window import as_forward
 
@@ -385,10 +384,8 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     if primitive == "backward_data" and (adjoint := as_forward(plan)) is not None:
         return _price("forward", adjoint, sizes(adjoint))
     depthwise = z.item * (z.ma * z.ca * DW_SPLIT_S + z.rows * z.t * z.cb * DW_GRID_TAP_S)
-    if z.cg == 1 and z.g > 1 and primitive == "backward_data":   # and a change of layout
+    if z.cg == 1 and z.g > 1:       # the depthwise sums, and a change of layout
         return depthwise + z.item * (z.ma * z.ca + z.mb * z.cb) * z.layout
-    if z.cg == 1 and z.g > 1 and reads_in_place(plan):   # fitted against the exact path's
-        return depthwise
     return GATHER_FACTOR * _dense(primitive, plan, z)
 
 

@@ -417,7 +417,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
 
 #: per element: each tap's multiply-add (or the weight gradient's dot) per value of ``b``, on
 #: all CPUs; the phase split or interleave per value of ``a``
-PLANES_TAP_S = 0.55e-9
+PLANES_TAP_S = 0.35e-9
 PLANES_MOVE_S = 0.4e-9
 
 
