@@ -70,3 +70,30 @@ def test_bench_spatial_smoke(tmp_path):
             assert "all-gather" not in r["collectives"], r
             if r["mode"] == "forward":
                 assert r["collectives"] == ["collective-permute"], r
+
+
+def test_an_eager_call_follows_the_settings_in_force(caplog):
+    # forcing after a first eager call of the same plan reaches the sharded program, as it
+    # reaches a plain call (the lowerings are chosen when the program is traced)
+    import logging
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    import polyconv
+
+    mesh = jax.make_mesh((1,), ("x",))
+    x = jax.device_put(jnp.ones((1, 8, 8, 4), jnp.float32),
+                       NamedSharding(mesh, PartitionSpec(None, "x")))
+    w = jnp.ones((3, 3, 4, 4), jnp.float32)
+
+    def call():
+        return polyconv.spatially_sharded("convolution", x, w, mesh=mesh, spatial=("x",),
+                                          pads_begin=1, pads_end=1)
+
+    call()
+    caplog.set_level(logging.DEBUG, logger="polyconv")
+    with polyconv.implementation("jax:forward=taps"):
+        call()
+    assert any("-> taps (forced)" in r.getMessage() for r in caplog.records)

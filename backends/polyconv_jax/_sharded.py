@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from polyconv import ConvPlan
+from polyconv._choice import settings as choice_settings
 from polyconv._dispatch import _dispatch, _jax_arrays
 from polyconv._halo import axis_halo, even_split
 from polyconv._ops import _bound
@@ -186,10 +187,13 @@ def _cut(x, starts: tuple[int, ...], size: int, mesh_axis: str, dim: int):
 
 @functools.lru_cache(maxsize=256)
 def _sharded_fn(plan: ConvPlan, mesh: Mesh, spatial: tuple[str | None, ...],
-                batch: str | None, arity: int, dtype: str | None, precision: Any):
+                batch: str | None, arity: int, dtype: str | None, precision: Any,
+                settings: Any):
     """The jitted ``shard_map`` of one plan on one mesh (``dtype`` and ``precision`` key
-    the cache only: plans compare on their geometry alone)."""
-    del dtype, precision
+    the cache only: plans compare on their geometry alone; ``settings``, the forcing and
+    measuring in force, too: its lowerings are chosen when it is traced, as
+    :func:`._primitives.entry`'s)."""
+    del dtype, precision, settings
     axes = [_split_axis(plan, i, name, mesh.shape[name])
             for i, name in enumerate(spatial) if name is not None]
     nb = mesh.shape[batch] if batch is not None else 1
@@ -270,7 +274,7 @@ def spatially_sharded(op: str | Any, *args: Any, mesh: Mesh,
         arrays.pop()
     arrays = prepare(plan, *arrays)
     fn = _sharded_fn(plan, mesh, spatial, batch, len(arrays), plan.dtype,
-                     canonical_precision(plan.op, plan.precision))
+                     canonical_precision(plan.op, plan.precision), choice_settings())
     return fn(*arrays)
 
 
