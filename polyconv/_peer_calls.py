@@ -109,7 +109,7 @@ def _tf_arguments(plan, x_shape, w_shape) -> tuple[str, dict[str, Any]]:
         raise CannotExpress("rank", f"{n} spatial axes: tf.nn has conv1d, conv2d and conv3d")
     transposed = _transposed(plan)
     out_shape = (plan.batch, *plan.a_spatial, plan.a_channels)
-    depthwise = (not transposed and g > 1 and g == plan.a_channels and n == 2)
+    depthwise = _tf_depthwise(plan)
     if transposed and g > 1:
         raise CannotExpress("groups", f"groups={g}: tf.nn.conv{n}d_transpose has no groups")
     if transposed and any(d > 1 for d in plan.dilations):
@@ -118,7 +118,6 @@ def _tf_arguments(plan, x_shape, w_shape) -> tuple[str, dict[str, Any]]:
     if depthwise:
         op, fn, poly_w = ("depthwise_conv2d", "depthwise_conv2d",
                           (*plan.kernel, 1, plan.b_channels))
-        w_shape = (*plan.kernel, g, plan.b_channels // g)
     else:
         op, fn, poly_w = (("conv_transpose", f"conv{n}d_transpose", w_shape) if transposed
                           else ("conv", f"conv{n}d", w_shape))
@@ -139,6 +138,13 @@ def _tf_arguments(plan, x_shape, w_shape) -> tuple[str, dict[str, Any]]:
     return fn, _first_meaning(plan, candidates, f"tf.nn.{fn}", allowed)
 
 
+def _tf_depthwise(plan) -> bool:
+    """Whether ``plan`` is TensorFlow's ``depthwise_conv2d`` (one input channel per group,
+    2-D, not transposed), whose weights are ``[KH, KW, IC, multiplier]``."""
+    return (not _transposed(plan) and plan.groups > 1 and plan.ndim == 2
+            and plan.groups == plan.a_channels)
+
+
 def _tensorflow_call(plan, x, w) -> _Call:
     import os
 
@@ -146,9 +152,7 @@ def _tensorflow_call(plan, x, w) -> _Call:
     import tensorflow as tf
 
     x, w = _nxc(x), _kernel_last(plan, w)
-    depthwise = (not _transposed(plan) and plan.groups > 1 and plan.ndim == 2
-                 and plan.groups == plan.a_channels)
-    if depthwise:   # [KH, KW, 1, IC * multiplier] as [KH, KW, IC, multiplier]
+    if _tf_depthwise(plan):   # [KH, KW, 1, IC * multiplier] as [KH, KW, IC, multiplier]
         w = w.reshape(*plan.kernel, plan.groups, plan.b_channels // plan.groups)
     fn, kw = _tf_arguments(plan, x.shape, w.shape)
     if fn == "depthwise_conv2d":
@@ -162,7 +166,7 @@ def _tensorflow_call(plan, x, w) -> _Call:
     if any(d > 1 for d in plan.dilations):
         no_grad = ("dilations", f"dilations {plan.dilations}: TensorFlow's CPU gradient "
                                 "kernels (Conv2DBackpropInput) take dilation 1 only")
-    elif plan.groups > 1 and not depthwise:
+    elif plan.groups > 1 and not _tf_depthwise(plan):
         no_grad = ("groups", f"groups={plan.groups}: TensorFlow has no CPU gradient of a "
                              "grouped convolution")
     return _Call("tensorflow", lambda x, w, b: conv(x, w, **kw) if b is None

@@ -40,9 +40,8 @@ def onnx_auto_pad(plan) -> dict[str, Any] | None:
     from .dialects import onnx as dialect
 
     op_type = "ConvTranspose" if _transposed(plan) else "Conv"
-    x_shape = (plan.batch, plan.b_channels if _transposed(plan) else plan.a_channels,
-               *(plan.b_spatial if _transposed(plan) else plan.a_spatial))
-    w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
+    x_shape, w_shape = _ncx(plan, plan.b_shape if _transposed(plan) else plan.a_shape), \
+        plan.w_shape
     for output_shape in ((None, list(plan.a_spatial)) if _transposed(plan) else (None,)):
         for auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
             attrs = onnx_attributes(plan, auto_pad, output_shape)
@@ -82,8 +81,7 @@ def onnx_model(plan, dtype: str, with_bias: bool, opset: int = 17,
     names = ["X", "W", "B"] if with_bias else ["X", "W"]
     x_shape, y_shape = _ncx(plan, plan.b_shape if _transposed(plan) else plan.a_shape), \
         _ncx(plan, plan.shape)
-    w_shape = (plan.b_channels, plan.a_channels // plan.groups, *plan.kernel)
-    shapes = [x_shape, w_shape, (plan.bias_channels,)][:len(names)]
+    shapes = [x_shape, plan.w_shape, (plan.bias_channels,)][:len(names)]
     node = helper.make_node(op_type, names, ["Y"], **(attributes or onnx_attributes(plan)))
     graph = helper.make_graph(
         [node], f"polyconv_{op_type}",

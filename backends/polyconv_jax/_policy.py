@@ -314,7 +314,7 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     if plan.ndim != 2:
         return "direct"
     if (not strided and min(plan.a_channels, plan.b_channels) >= FOLDED_MIN_CHANNELS) or (
-            strided and all(k <= s for k, s in zip(plan.kernel, plan.strides))):
+            strided and windows_apart(plan)):
         return "folded"                                 # wide, or windows apart
     if strided and plan.a_channels <= ELEMENTWISE_POLICY_CHANNELS and bands_apply(plan):
         return "bands"
