@@ -9,7 +9,7 @@ nodes, the graph a hand-written torch call records, and costs no more
 as they take torch's own convolution.
 
 Except where the call's float32 setting is not the user's (TF32 off on CUDA by default, or a
-reduced process-wide oneDNN setting overridden, see :func:`polyconv_torch._lowering._precision`):
+reduced process-wide oneDNN setting overridden, see :func:`polyconv_torch._numerics._precision`):
 ATen's backward would run under the user's setting, so there each primitive is a
 :class:`torch.autograd.Function` whose gradients are polyconv's own primitives, run under
 the call's setting. Each primitive is bilinear, and the adjoint identities
@@ -54,10 +54,6 @@ RAW = {"forward": _lowering.forward, "backward_data": _lowering.backward_data,
        "backward_weights": _lowering.backward_weights}
 
 
-def _needs_grad(*tensors: Any) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _overridden(plan: ConvPlan, x: torch.Tensor) -> bool:
     return plan.dtype == "float32" and _numerics.overridden(
         _numerics._level(plan.precision), _lowering._device_type(x))
@@ -67,7 +63,7 @@ def apply(primitive: str, plan: ConvPlan, x: torch.Tensor, y: torch.Tensor,
           bias: Any = None) -> torch.Tensor:
     """The primitive on torch tensors, through :class:`Primitive` when an input needs a
     gradient that must run under the call's own float32 setting."""
-    if _needs_grad(x, y, bias) and _overridden(plan, x):
+    if _lowering.grad_needed(x, y, bias) and _overridden(plan, x):
         return Primitive.apply(primitive, plan, x, y, bias)
     if primitive == "backward_weights":
         return RAW[primitive](plan, x, y)

@@ -151,16 +151,6 @@ def _user(y: torch.Tensor, perm: tuple[int, ...] | None, dtype: torch.dtype | No
     return (y if dtype is None or y.dtype == dtype else y.to(dtype)).contiguous()
 
 
-def _data_out(y: torch.Tensor, low: Lowering, dtype: torch.dtype) -> torch.Tensor:
-    return _user(y, low.from_ncx, dtype, 1 if low.lift else None)
-
-
-def _canonical_weights(w: torch.Tensor, low: Lowering) -> torch.Tensor:
-    """User-layout weights as ``[Cb, Ca/G, K..]`` (a view)."""
-    w = w if low.w_canonical is None else w.permute(*low.w_canonical)
-    return w.unsqueeze(2) if low.lift else w
-
-
 def _pad(x: torch.Tensor, low: Lowering) -> torch.Tensor:
     return x if low.extra_pad is None else F.pad(x, low.extra_pad)
 
@@ -217,7 +207,8 @@ def _short(*values: tuple[int, ...], defaults: tuple[int, ...]) -> tuple:
     return tuple(out)
 
 
-def _grad_needed(*tensors: Any) -> bool:
+def grad_needed(*tensors: Any) -> bool:
+    """Whether autograd records a call on these tensors."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -252,7 +243,7 @@ def _data_kernel(plan: ConvPlan, low: Lowering, differentiable, conv, args: tupl
         if f32:
             setting = _precision(level, "cpu" if x.is_cpu else x.device.type)
             if (setting is not None and differentiable is not None
-                    and _grad_needed(x, w, bias) and overridden(level, _device_type(x))):
+                    and grad_needed(x, w, bias) and overridden(level, _device_type(x))):
                 return differentiable(x, w, bias)
         elif half:
             dtype = x.dtype
@@ -299,7 +290,7 @@ def _backward_weights(plan: ConvPlan, low: Lowering,
         if f32:
             setting = _precision(level, "cpu" if a.is_cpu else a.device.type)
             if (setting is not None and differentiable is not None
-                    and _grad_needed(a, b) and overridden(level, _device_type(a))):
+                    and grad_needed(a, b) and overridden(level, _device_type(a))):
                 return differentiable(a, b, None)
         elif half:
             wide = _cast(plan, a, b, bias=False, weights=True)

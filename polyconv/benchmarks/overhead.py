@@ -31,7 +31,7 @@ import numpy as np
 
 import polyconv
 
-from .harness import THREADS_ENV, pin, thread_environment, time_calls
+from .harness import THREADS_ENV, pin, random_arrays, thread_environment, time_calls
 from .peers import lax_function
 
 
@@ -134,12 +134,6 @@ def _row(case: Case, framework: str, what: str, times: dict[str, float],
 # the frameworks
 # --------------------------------------------------------------------------------------------
 
-def _arrays(case: Case, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(case.src).astype(np.float32),
-            rng.standard_normal(case.weights).astype(np.float32))
-
-
 def _torch_call(case: Case):
     """The hand-written torch call of ``case`` on torch's layouts (``NCX`` data, NXC as a
     channels-last tensor, weights ``[Cb, Ca/G, K..]``): ``(x, w) -> y``."""
@@ -171,7 +165,7 @@ def bench_torch(case: Case, device: str, rounds: int, budget: float) -> list[dic
     if os.environ.get(THREADS_ENV):
         torch.set_num_threads(int(os.environ[THREADS_ENV]))
     polyconv.get_backend("torch")
-    x_np, w_np = _arrays(case)
+    x_np, w_np = random_arrays((case.src, case.weights), "float32")
     plan = case.plan
     x = torch.from_numpy(x_np).to(device)
     w = torch.from_numpy(w_np).to(device)
@@ -210,7 +204,7 @@ def bench_jax(case: Case, rounds: int, budget: float) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
-    x_np, w_np = _arrays(case)
+    x_np, w_np = random_arrays((case.src, case.weights), "float32")
     x, w = jnp.asarray(x_np), jnp.asarray(w_np)
     attrs = case.attrs
     op = getattr(polyconv, case.op)
@@ -243,7 +237,7 @@ def bench_jax(case: Case, rounds: int, budget: float) -> list[dict[str, Any]]:
 
 
 def bench_numpy(case: Case, rounds: int, budget: float) -> list[dict[str, Any]]:
-    x, w = _arrays(case)
+    x, w = random_arrays((case.src, case.weights), "float32")
     attrs = case.attrs
     op = getattr(polyconv, case.op)
     y = op(x, w, **attrs)
