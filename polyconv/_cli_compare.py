@@ -458,7 +458,6 @@ def _report(args: argparse.Namespace, comparisons: list[Comparison], backends: l
     (the backends' alone: a peer's disagreement is a finding about the peer)."""
     summary, ok = _summary(comparisons, backends, args.dtypes, seconds)
     absent = [] if args.backends else not_run(backends)
-    peer_lines = _peer_report(comparisons, peers[0], peers[1], args.dtypes)
     if args.json:
         print(json.dumps({"ok": ok, "summary": summary[-1], "details": summary[:-1],
                           "not_run": absent, "seconds": seconds, "peers": peers[0],
@@ -468,6 +467,7 @@ def _report(args: argparse.Namespace, comparisons: list[Comparison], backends: l
                           "backends": backends, "dtypes": list(args.dtypes),
                           "comparisons": [c.to_dict() for c in comparisons]}))
         return 0 if ok else 1
+    peer_lines = _peer_report(comparisons, peers[0], peers[1], args.dtypes)
     if custom:
         for c in comparisons:
             print(c)

@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+from polyconv._cli_args import display_name
+
 #: attribute family -> whether a comparison of the record exercises it (the attribute
 #: families count the forward ops; the gradient ops have their own column)
 FAMILIES = {
@@ -25,13 +27,6 @@ FAMILIES = {
     "16-bit": lambda c: c["dtype"] in ("float16", "bfloat16"),
     "gradients": lambda c: "backward" in c["op"],
 }
-
-OP_NAMES = {"convolution": "Convolution", "conv_transpose": "ConvTranspose",
-            "convolution_backward_data": "ConvolutionBackwardData",
-            "convolution_backward_weights": "ConvolutionBackwardWeights",
-            "conv_transpose_backward_data": "ConvTransposeBackwardData",
-            "conv_transpose_backward_weights": "ConvTransposeBackwardWeights"}
-
 
 def _any_above(value, floor: int) -> bool:
     if value is None:
@@ -67,7 +62,7 @@ def _size(c: dict) -> int:
 
 def _command(c: dict, peer: str) -> str:
     """The ``polyconv compare`` call that reruns the case on one peer."""
-    words = ["polyconv compare", f"--op {OP_NAMES[c['op']]}"]
+    words = ["polyconv compare", f"--op {display_name(c['op'])}"]
     words += [f"--{role.replace('_', '-')} {'x'.join(map(str, shape))}"
               for role, shape in c["input_shapes"].items() if role != "bias" and shape]
     for key, value in c["attrs"].items():
@@ -131,7 +126,7 @@ def page(record: dict) -> str:
                   "Cases a peer agrees on once given in its own convention:", ""]
         for (peer, note), cs in notes.items():
             note = re.sub(r"\(docs/frameworks\.md#([\w-]+)\)", r"({ref}`\1`)", note)
-            lines.append(f"- **{peer}**, {OP_NAMES[cs[0]['op']]} *{cs[0]['label']}* "
+            lines.append(f"- **{peer}**, {display_name(cs[0]['op'])} *{cs[0]['label']}* "
                          f"({len(cs)} in the record): {note}.")
     lines += ["", "## Wrong answers, smallest case of each", ""]
     if not smallest:
@@ -141,7 +136,7 @@ def page(record: dict) -> str:
                 f"max abs error {r['max_abs_error']:.3g}, err/bound {r['max_ratio']:.3g} "
                 f"at output index {tuple(r['where'] or ())}")
         lines += [f"### {peer}: {kind} ({count} in the record)", "",
-                  f"{OP_NAMES[c['op']]}, *{c['label']}*, {c['dtype']}: {what}.", "",
+                  f"{display_name(c['op'])}, *{c['label']}*, {c['dtype']}: {what}.", "",
                   "```bash", _command(c, peer), "```", ""]
     return "\n".join(lines) + "\n"
 
