@@ -779,6 +779,62 @@ def test_overlap_in_blocks_of_several_rows_matches_the_oracle(layout, monkeypatc
     assert_within_bound(y, ref.y, ref.abs_sum, ref.n, "float32")
 
 
+@pytest.mark.parametrize(("wfmt", "groups", "src", "in_place"), [
+    ("IOX", 1, (2, 40, 3, 4), True),       # 40 channels read > 12 positions: HiFi-GAN's case
+    ("OIX", 2, (1, 48, 5), False),         # [Ca/G, Cb, K]: taps inner, Cb not outer: copied
+    ("XOI", 1, (2, 40, 3, 4), True),       # taps outer: the tap-major product reads it
+    ("IOX", 1, (2, 8, 6, 7), False),       # the product outweighs the weights
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_channels_first_overlap_reads_the_weights_in_place(wfmt, groups, src, in_place,
+                                                           dtype, monkeypatch):
+    """Channels-first col2im takes IOX (and XOI) weights in place, as a read-only view,
+    where they outweigh one image's product (IOX's taps then read at a stride in the
+    product): the oracle's values either way, the user's weights neither copied then nor
+    written."""
+    from polyconv_numpy import _overlap
+
+    seen = []
+    real = _overlap.weights_matrix
+    monkeypatch.setattr(_overlap, "weights_matrix",
+                        lambda *args: seen.append(real(*args)) or seen[-1])
+    rng = np.random.default_rng(5)
+    nd, ci = len(src) - 2, src[1]
+    kernel = (3,) * nd
+    co_g = 6
+    shape = {"IOX": (ci, co_g, *kernel), "OIX": (co_g, ci, *kernel),
+             "XOI": (*kernel, co_g, ci)}[wfmt]
+    x = rng.standard_normal(src).astype(dtype)
+    w = rng.standard_normal(shape).astype(dtype)
+    w.flags.writeable = False
+    kept = w.copy()
+    attrs = dict(strides=2, pads_begin=1, pads_end=0, output_padding=1, groups=groups,
+                 data_format="NCX", weights_format=wfmt)
+    with _forcing(backward_data="matmul_overlap_add"):
+        y = polyconv.conv_transpose(x, w, **attrs)
+    ref = reference("conv_transpose", x, w, **attrs)
+    assert_within_bound(y, ref.y, ref.abs_sum, ref.n, dtype)
+    np.testing.assert_array_equal(w, kept)
+    assert len(seen) == 1
+    assert np.shares_memory(seen[0], w) == (in_place and dtype == "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_canonical_weights_never_hand_out_the_users_array_writable(dtype):
+    """The kernels' weights: a read-only view of the user's array where no cast or copy is
+    needed (nothing a kernel does can change them), else a copy of its own."""
+    from polyconv_numpy._common import canonical_weights
+
+    w = np.arange(4 * 6 * 3, dtype=dtype).reshape(4, 6, 3)
+    plan = polyconv.infer_shape("conv_transpose", (1, 4, 5), w.shape, data_format="NCX",
+                                weights_format="IOX")
+    wc = canonical_weights(w, plan, np.dtype(np.float32))
+    np.testing.assert_array_equal(wc, w.astype(np.float32))
+    assert np.shares_memory(wc, w) == (dtype == "float32")
+    assert wc.flags.writeable == (dtype != "float32")
+    assert w.flags.writeable
+
+
 @pytest.mark.parametrize(("op", "spatial", "kernel", "channels", "groups", "expect"), [
     ("convolution_backward_data", (9, 7), (3, 3), (24, 16), 1, True),     # 24 > 8 channels
     ("conv_transpose", (5, 4, 6), (3, 2, 3), (16, 64), 1, True),          # 64: the bound

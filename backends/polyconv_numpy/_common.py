@@ -148,8 +148,14 @@ def in_range(start: int, size: int, extent: int) -> tuple[slice, slice]:
 
 
 def canonical_weights(w: Any, plan: ConvPlan, acc: np.dtype) -> np.ndarray:
-    """The user's weights as canonical ``[Cb, Ca/G, K..]`` in the accumulation dtype."""
-    return np.transpose(np.asarray(w), plan.weights_perm).astype(acc)
+    """The user's weights as canonical ``[Cb, Ca/G, K..]`` in the accumulation dtype: a
+    read-only view of them where they are already in it (no copy of a large layer's weights
+    on every call), else a copy."""
+    wc = np.transpose(np.asarray(w), plan.weights_perm).astype(acc, copy=False)
+    if wc.base is not None and wc.flags.writeable:     # not copied: a view of the user's
+        wc = wc.view()
+        wc.flags.writeable = False
+    return wc
 
 
 def dtypes(x: Any, plan: ConvPlan) -> tuple[np.dtype, np.dtype]:

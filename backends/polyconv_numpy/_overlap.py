@@ -270,7 +270,12 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
     g, t_n, n = plan.groups, math.prod(plan.kernel), plan.batch
     cg, og = plan.a_channels // g, plan.b_channels // g
     w4 = canonical_weights(w, plan, acc).reshape(g, og, cg, t_n)
-    wcf = weights_matrix(w4, (3, 2), (1,))                           # [G, T*Cg, Og]
+    # the product's rows in the weights' own order where taps are inner there (OIX, IOX) and
+    # the weights outweigh one image's product: they are then read in place, not copied on
+    # every call, and the product's taps are read at a stride (slower where it is the larger)
+    taps_inner = (abs(w4.strides[3]) < abs(w4.strides[2])
+                  and og > math.prod(plan.b_spatial))
+    wcf = weights_matrix(w4, (2, 3) if taps_inner else (3, 2), (1,))  # [G, T*Cg, Og]
     bsp, rest = plan.b_spatial, math.prod(plan.b_spatial[1:])
     b_arr = np.asarray(b)
     if plan.channels_last:          # [N, G, Og, B0, rest] views
@@ -301,7 +306,10 @@ def backward_data_channels_first(plan: ConvPlan, b: Any, w: Any,
         # [nb, G, T*Cg, rows]; one channel per group read: a broadcast multiply
         y = scratch.get("y", (nb, g, t_n * cg, x.shape[-1]))
         (np.multiply if og == 1 else np.matmul)(wcf[None], x, out=y)
-        y = y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:])
+        if taps_inner:
+            y = y.reshape(nb, g, cg, t_n, y1 - y0, *bsp[1:]).swapaxes(2, 3)
+        else:
+            y = y.reshape(nb, g, t_n, cg, y1 - y0, *bsp[1:])
         if single:
             _scatter(out_cf[n0:n1], y, bias, plan, y0, y1)
         else:
