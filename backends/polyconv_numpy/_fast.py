@@ -38,7 +38,7 @@ from ._common import (
     to_user_layout,
     weights_matrix,
 )
-from ._costs import COPY_S, FILL_S, Sizes, copy, gemm, gemm_long, sizes, strategy
+from ._costs import COPY_S, FILL_S, TRANSPOSE_S, Sizes, copy, gemm, gemm_long, sizes, strategy
 from ._depthwise import groups, tap_sum, tap_weights
 from ._grid import Grid
 from ._window import as_forward
@@ -391,10 +391,13 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
 
 def _dense(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     if primitive == "backward_data":
-        # channels-first data accumulated channels-first: no change of layout either way
-        layout = 0.0 if _backward_data_channels_first(_Channels(plan), plan) else z.layout
+        # accumulated channels-first: runs of rows gathered, and a change of layout either
+        # way for channels-last data (none for channels-first data)
+        cf = _backward_data_channels_first(_Channels(plan), plan)
+        layout = TRANSPOSE_S - z.layout if cf else z.layout
+        gathered = z.rows * z.t * z.cb * COPY_S if cf else copy(z.rows * z.t * z.cb, z.og)
         return (z.item * (z.rows * z.cb * FILL_S + z.mb * z.cb * layout
-                          + copy(z.rows * z.t * z.cb, z.og) + copy(z.ma * z.ca, z.run_a)
+                          + gathered + copy(z.ma * z.ca, z.run_a)
                           + z.ma * z.ca * layout)
                 + sum(z.g * gemm(z.rows, ts * z.og, z.cg) for ts in z.phases) + z.calls)
     cf = _channels_first(_Channels(plan), plan)     # runs of rows, no change of layout
