@@ -279,6 +279,32 @@ def test_cost_model_prices_the_grids_depthwise_sums_on_channels_first_data():
     assert _choose("forward", plan) == "gather"
 
 
+def test_cost_model_prices_the_grids_channels_first_backward_data_gathers_as_runs_of_rows():
+    # ResNeXt-50's grouped 3x3 (4 channels a group, channels-last): the grid accumulates
+    # channels-first, gathering runs of rows and changing the layout both ways
+    # (docs/records/implementations-avx512.json: 16.5 ms against 19.4 by
+    # matmul_overlap_add; priced as runs of 4 channels without the changes of layout, the grid
+    # had been estimated at 26)
+    from polyconv.benchmarks.corpus_layers import LAYERS
+
+    (layer,) = [ly for ly in LAYERS if ly.title.startswith("ResNeXt-50: grouped")]
+    plan = layer.plan.with_(primitive="backward_data", dtype="float32")
+    assert plan.channels_last and plan.a_channels // plan.groups == 4
+    assert _choose("backward_data", plan) == "gather"
+
+
+def test_cost_model_counts_the_grids_numpy_calls_by_its_own_blocks():
+    # nnU-Net's 3x3x3 32->32 on 32x64x64, channels-first: the grid's blocks grow to 8 MiB
+    # (62 of them), where its calls had been counted in 1 MiB blocks (about 490: 41 ms of
+    # calls, the grid priced above matmul_overlap_add, which took 1.7x the grid's 76-80 ms;
+    # docs/records/implementations-avx512.json)
+    from polyconv.benchmarks.corpus_layers import LAYERS
+
+    (layer,) = [ly for ly in LAYERS if ly.title.startswith("nnU-Net 3-D: Conv3d 32->32")]
+    plan = layer.plan.with_(primitive="backward_data", dtype="float32")
+    assert _choose("backward_data", plan) == "gather"
+
+
 @pytest.mark.parametrize("layout", ["NXC", "NCX"])
 def test_depthwise_choice_and_memory(layout):
     # one channel per group: no product left. forward sums the taps' blocks of grid rows

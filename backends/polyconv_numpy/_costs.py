@@ -98,8 +98,6 @@ class Sizes:
         self.mb = plan.batch * math.prod(plan.b_spatial)           # rows of b
         self.phases = [len(ts) for _, ts in ph.by_phase]           # taps per phase reached
         self.layout = 0.0 if plan.channels_last else TRANSPOSE_S   # per element across layouts
-        blocks = max(1, self.rows * self.t * max(self.ca, self.cb) * 4 // (1 << 20))
-        self.calls = blocks * (self.t + len(self.phases)) * CALL_S
         # phase split / put: copies between the user's tensor and the grid, runs of the
         # channels (of a whole row where the last axis has stride 1)
         self.run_a = self.ca * (plan.a_spatial[-1] if plan.strides[-1] == 1 else 1)

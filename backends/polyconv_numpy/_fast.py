@@ -38,7 +38,18 @@ from ._common import (
     to_user_layout,
     weights_matrix,
 )
-from ._costs import COPY_S, FILL_S, Sizes, copy, gemm, gemm_long, sizes, strategy
+from ._costs import (
+    CALL_S,
+    COPY_S,
+    FILL_S,
+    TRANSPOSE_S,
+    Sizes,
+    copy,
+    gemm,
+    gemm_long,
+    sizes,
+    strategy,
+)
 from ._depthwise import groups, tap_sum, tap_weights
 from ._grid import Grid
 from ._window import as_forward
@@ -65,11 +76,20 @@ def _blocks(lo: int, hi: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES,
     conv block: forward 130-134 ms -> 99-104, gradient 358-375 -> 305-335; U-Net's 3x3 64->64
     at 128x128 19 -> 16; the rest within noise."""
     if of:
-        block_bytes = max(block_bytes, min(_LARGE_BLOCK_BYTES, of * row_bytes // 32))
-        block_bytes = block_bytes * (hi - lo) // of
+        block_bytes = _budget(of, row_bytes, block_bytes) * (hi - lo) // of
     step = max(256, block_bytes // max(row_bytes, 1))
     for j0 in range(lo, hi, step):
         yield j0, min(hi, j0 + step)
+
+
+def _budget(of: int, row_bytes: int, block_bytes: int) -> int:
+    """The bytes of one block of :func:`_blocks` over all ``of`` rows."""
+    return max(block_bytes, min(_LARGE_BLOCK_BYTES, of * row_bytes // 32))
+
+
+def _block_count(rows: int, row_bytes: int, block_bytes: int) -> int:
+    """How many blocks :func:`_blocks` cuts ``rows`` rows into."""
+    return -(-rows // max(256, _budget(rows, row_bytes, block_bytes) // max(row_bytes, 1)))
 
 
 class _Channels:
@@ -377,7 +397,7 @@ DW_GRID_TAP_S = 0.062e-9
 
 #: the grid's dense estimates against its times (its gathers and threads run slower than the
 #: pricing primitives say; docs/design_notes.md, numpy cost model)
-GATHER_FACTOR = 1.6
+GATHER_FACTOR = 1.75
 
 
 def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
@@ -389,24 +409,37 @@ def _price(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     return GATHER_FACTOR * _dense(primitive, plan, z)
 
 
+def _calls(z: Sizes, taps: list[int], channels: int, channels_first: bool) -> float:
+    """The numpy calls of the blocks of rows (a copy per tap gathered and one product), per
+    group of ``taps`` gathered together, each tap's row ``channels`` values wide."""
+    block_bytes = _GROUPED_BLOCK_BYTES if channels_first else _BLOCK_BYTES
+    return CALL_S * sum(_block_count(z.rows, n * channels * 4 * z.item, block_bytes) * (n + 1)
+                        for n in taps)
+
+
 def _dense(primitive: str, plan: ConvPlan, z: Sizes) -> float:
     if primitive == "backward_data":
-        # channels-first data accumulated channels-first: no change of layout either way
-        layout = 0.0 if _backward_data_channels_first(_Channels(plan), plan) else z.layout
+        # accumulated channels-first: runs of rows gathered, and a change of layout either
+        # way for channels-last data (none for channels-first data)
+        cf = _backward_data_channels_first(_Channels(plan), plan)
+        layout = TRANSPOSE_S - z.layout if cf else z.layout
+        gathered = z.rows * z.t * z.cb * COPY_S if cf else copy(z.rows * z.t * z.cb, z.og)
         return (z.item * (z.rows * z.cb * FILL_S + z.mb * z.cb * layout
-                          + copy(z.rows * z.t * z.cb, z.og) + copy(z.ma * z.ca, z.run_a)
+                          + gathered + copy(z.ma * z.ca, z.run_a)
                           + z.ma * z.ca * layout)
-                + sum(z.g * gemm(z.rows, ts * z.og, z.cg) for ts in z.phases) + z.calls)
+                + sum(z.g * gemm(z.rows, ts * z.og, z.cg) for ts in z.phases)
+                + _calls(z, z.phases, z.cb, cf))
     cf = _channels_first(_Channels(plan), plan)     # runs of rows, no change of layout
     gathered = z.rows * z.t * z.ca * COPY_S if cf else copy(z.rows * z.t * z.ca, z.cg)
     grid_layout = 0.0 if cf else z.layout
+    calls = _calls(z, [z.t], z.ca, cf)
     if primitive == "forward":
         return (z.item * (z.split - z.ma * z.ca * (z.layout - grid_layout) + gathered
                           + z.mb * z.cb * (2 * FILL_S + grid_layout))
-                + z.g * gemm(z.rows, z.t * z.cg, z.og) + z.calls)
+                + z.g * gemm(z.rows, z.t * z.cg, z.og) + calls)
     return (z.item * (z.split + z.rows * z.cb * FILL_S + z.mb * z.cb * z.layout
                       - (z.ma * z.ca + z.mb * z.cb) * (z.layout - grid_layout) + gathered)
-            + z.g * gemm_long(z.og, z.rows, z.t * z.cg) + z.calls)
+            + z.g * gemm_long(z.og, z.rows, z.t * z.cg) + calls)
 
 
 STRATEGIES = (
