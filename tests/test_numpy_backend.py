@@ -267,6 +267,25 @@ def test_cost_model_takes_the_exact_weight_gradient_for_small_images_of_wide_cha
     assert _choose("backward_weights", resnet) != "exact"
 
 
+def test_cost_model_takes_the_exact_path_where_blas_splits_its_products():
+    # the exact path's weight gradient is one [Cb, Ca] product a tap over every position:
+    # BLAS splits its output between the cores, so ResNet-50's 1x1 s2 256->512 downsample
+    # (512x256 outputs) and DeepLabV3's ASPP backward_data (2048-wide products) run it at
+    # full speed, the fastest by 1.7-2.5x in each of three runs of
+    # docs/records/implementations-avx512.json's benchmark; ResNet-50's 3x3 64->64 weight
+    # gradient (64x64 outputs, on one core) keeps the grid, 1.1-2.0x faster
+    def plan(op, src, wts, **attrs):
+        return polyconv.infer_shape(op, src, wts, **attrs).with_(dtype="float32")
+
+    downsample = plan("convolution", (4, 56, 56, 256), (1, 1, 256, 512), strides=2)
+    aspp = plan("convolution", (1, 33, 33, 2048), (3, 3, 2048, 256), pads_begin=12,
+                pads_end=12, dilations=12)
+    resnet = plan("convolution", (4, 56, 56, 64), (3, 3, 64, 64), pads_begin=1, pads_end=1)
+    assert _choose("backward_weights", downsample) == "exact"
+    assert _choose("backward_data", aspp) == "exact"
+    assert _choose("backward_weights", resnet) != "exact"
+
+
 def test_cost_model_prices_the_grids_depthwise_sums_on_channels_first_data():
     # the Conformer's depthwise k31 on channels-first data: the grid's depthwise sums, not
     # its dense gathers (docs/records/implementations-avx512.json: 3.8 ms against 14.0 by

@@ -36,7 +36,12 @@ _GEMM_GFLOPS = (
     (20.4, 19.7, 58.6, 99.6, 117.7, 121.6, 125.0),
     (18.6, 16.2, 51.8, 94.5, 111.9, 121.7, 125.2),
 )
-THREADS_SPEEDUP = 1.6     # products on the machine's two cores
+THREADS_SPEEDUP = 1.6     # products on the machine's two cores, where BLAS splits the output
+#: a product's output elements up to which BLAS computes it on one thread, and from which it
+#: has THREADS_SPEEDUP (log-linear between): OpenBLAS splits the output, not the contraction
+#: ([n, M] x [M, n], M = 12544-50176: two threads 1.0x one at n = 16 and 32, 1.3x at 64, 1.6x
+#: at 128)
+ONE_THREAD_OUTPUT, SPLIT_OUTPUT = 32 * 32, 128 * 128
 COPY_S = 0.07e-9          # per element of a copy, plus COPY_RUN_S per contiguous run
 COPY_RUN_S = 2.9e-9
 COPY_STRIDED_S = 0.4e-9   # per element of a copy whose innermost axis is strided
@@ -49,7 +54,8 @@ CALL_S = 3e-6             # per numpy call issued in a Python loop
 
 
 def rate(k: float, n: float) -> float:
-    """Interpolated product rate (FLOP/s) for ``K = k``, ``N = n`` (log-log, clamped)."""
+    """Interpolated product rate on one thread (FLOP/s) for ``K = k``, ``N = n`` (log-log,
+    clamped)."""
     def pos(v, grid):
         x = min(max(math.log(max(v, 1), 4), 0), len(grid) - 1)
         i = min(int(x), len(grid) - 2)
@@ -59,11 +65,18 @@ def rate(k: float, n: float) -> float:
     r = _GEMM_GFLOPS
     v = ((1 - fi) * (1 - fj) * r[i][j] + fi * (1 - fj) * r[i + 1][j]
          + (1 - fi) * fj * r[i][j + 1] + fi * fj * r[i + 1][j + 1])
-    return v * 1e9 * THREADS_SPEEDUP
+    return v * 1e9
+
+
+def threads_speedup(outputs: float) -> float:
+    """The two cores' speedup of a product with ``outputs`` output elements."""
+    split = math.log(max(outputs, 1) / ONE_THREAD_OUTPUT) / math.log(
+        SPLIT_OUTPUT / ONE_THREAD_OUTPUT)
+    return 1 + (THREADS_SPEEDUP - 1) * min(max(split, 0.0), 1.0)
 
 
 def gemm(m: float, k: float, n: float) -> float:
-    return 2 * m * k * n / rate(k, n)
+    return 2 * m * k * n / (rate(k, n) * threads_speedup(m * n))
 
 
 def gemm_long(m: float, k: float, n: float) -> float:

@@ -132,7 +132,7 @@ def backward_weights(plan: ConvPlan, a: Any, b: Any) -> np.ndarray:
 
 #: the per-tap products against the table's rates (fitted on the corpus's dense layers; other
 #: hosts favour them more, where measuring decides)
-EXACT_FACTOR = 2.0
+EXACT_FACTOR = 1.7
 #: per-tap products over fewer channels a group run far below the table's rates (ResNet-50's
 #: stem, 3 channels: 8.9x the grid's weight gradient), so the model leaves them to the others
 EXACT_MIN_CHANNELS = 16
