@@ -723,10 +723,10 @@ def _cl_plan(src, kernel, oc, strides=1, dilations=1, groups=1, pad=None):
     # ~6x the plain call's compile), multiply-then-overlap-add, bands
     (_cl_plan((2, 112, 112, 3), (7, 7), 64, strides=2),
      ("direct", "matmul_overlap_add", "bands")),
-    # a patch embedding (ViT's k16 s16): space-to-depth, the sub-pixel convolution (one piece
-    # for 256 phases), the weight gradient folded
+    # a patch embedding (ViT's k16 s16): space-to-depth, the sub-pixel convolution as one
+    # product (one piece for 256 phases), the weight gradient folded
     (_cl_plan((2, 64, 64, 3), (16, 16), 64, strides=16, pad=0),
-     ("space_to_depth", "subpixel", "folded")),
+     ("space_to_depth", "subpixel_matmul", "folded")),
     # a dilated kernel over wide channels (DeepLabV3's ASPP): one product per tap
     (_cl_plan((1, 33, 33, 512), (3, 3), 128, dilations=6), ("taps", "taps", "taps")),
     # strided 3-D: 2-D problems for the forward (27 wide windows would compile slowly as
@@ -789,3 +789,49 @@ def test_strided_channels_first_forward_of_narrow_patches_takes_one_product():
     wide = polyconv.infer_shape("Convolution", (4, 256, 64, 64), (128, 256, 2, 2), strides=2,
                                 data_format="NCX", weights_format="OIX")
     assert _policy("forward", wide) == "space_to_depth"
+
+
+#: the Xeon records
+XEON_RECORDS = ("implementations-avx512.json", "corpus-avx512.json")
+#: rows of the Xeon records that rules were read off (layer, primitive, the records on which
+#: the pick is the fastest), where a narrow output, a lone input channel, more than 8 phases,
+#: a few-channel input of many products, a wide 1-D channels-first input gradient or narrow
+#: channels-last patches decide (docs/design_notes.md, 2026-11-29); DCGAN's weight gradient
+#: is as fast on one of the two only (the other has im2col 1.27x faster), and taken for its
+#: first call (im2col's is 3.8x the plain call's)
+RECORD_ROWS = (("MNIST CNN: Conv 1->32 k3 28x28 NCX", "backward_data", XEON_RECORDS),
+               ("MNIST CNN: Conv 1->32 k3 28x28 NCX", "backward_weights", XEON_RECORDS),
+               ("wav2vec 2.0: Conv1d 1->512 k10 s5 NCX", "backward_weights", XEON_RECORDS),
+               ("ViT-B/16: patch embedding 3->768 k16 s16 224x224", "backward_data",
+                XEON_RECORDS),
+               ("FCN-8s: ConvT 21->21 k16 s8 64x64 NCX", "backward_data", XEON_RECORDS),
+               ("DCGAN G: ConvT 64->3 k4 s2 32x32", "forward", XEON_RECORDS),
+               ("wav2vec 2.0: Conv1d 512->512 k3 s2 NCX", "backward_data", XEON_RECORDS),
+               ("DCGAN G: ConvT 64->3 k4 s2 32x32", "backward_weights", XEON_RECORDS[:1]))
+#: a pick within this of the fastest recorded is as fast (rows move more between runs)
+RECORD_NOISE = 1.05
+
+
+def test_the_cpu_policy_against_the_records():
+    """On the rows the CPU rules were read off, the pick is as fast as the fastest lowering
+    recorded on the Xeon records named for the row, and its first call (compile included) is
+    within 3x the plain call's on the record that keeps first calls."""
+    from pathlib import Path
+
+    from polyconv.benchmarks import policy_check
+
+    records = Path(__file__).resolve().parents[1] / "docs" / "records"
+    entries = policy_check.check([records / name for name in XEON_RECORDS], "jax")
+    for layer, primitive, names in RECORD_ROWS:
+        rows = [e for e in entries if (e["layer"], e["primitive"]) == (layer, primitive)
+                and e["record"] in names]
+        assert rows, (layer, primitive)
+        for e in rows:
+            assert e["ratio"] is not None and e["ratio"] <= RECORD_NOISE, e
+    first = {(r["layer"], r["primitive"]): r["first_call_s"] for r in json.loads(
+        (records / XEON_RECORDS[0]).read_text())["rows"] if r["backend"] == "jax"}
+    for layer, primitive, _ in RECORD_ROWS:
+        pick = next(e["pick"] for e in entries if e["record"] == XEON_RECORDS[0]
+                    and (e["layer"], e["primitive"]) == (layer, primitive))
+        seconds = first[layer, primitive]
+        assert seconds[pick] <= 3 * seconds["direct"], (layer, primitive, pick)

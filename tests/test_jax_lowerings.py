@@ -454,8 +454,12 @@ def test_default_lowering_choice():
     assert choose(plan((8, 32, 32, 64), (3, 3, 48, 64), strides=2)) == "matmul_overlap_add"
     assert choose(plan((8, 64, 32, 32), (64, 64, 3, 3), strides=2, data_format="NCX",
                        weights_format="IOX")) == "matmul_overlap_add"
+    # ... but one product per tap over strided views in 1-D over wide channels-first data
+    # (undilated: dilated ones stay with the overlap-add)
     assert choose(plan((4, 384, 750), (384, 384, 3), strides=2, data_format="NCX",
-                       weights_format="IOX")) == "matmul_overlap_add"
+                       weights_format="IOX")) == "taps"
+    assert choose(plan((4, 384, 750), (384, 384, 3), strides=2, dilations=2,
+                       data_format="NCX", weights_format="IOX")) == "matmul_overlap_add"
     # over the whole test grid: never the sub-pixel lowerings with zero taps (NaN locality)
     for p in _bd_params():
         op, kernel, variant, groups, nd, fmt, wfmt, _ = p.values

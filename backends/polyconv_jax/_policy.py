@@ -47,6 +47,18 @@ def few_per_group(plan: ConvPlan, channels: int) -> bool:
 ELEMENTWISE_POLICY_PRODUCT = 128
 
 
+def plain_is_fast(plan: ConvPlan) -> bool:
+    """A 2-D channels-last ungrouped plan of few input channels (``Ca``, at most
+    :data:`ELEMENTWISE_POLICY_CHANNELS`) whose ``Ca*Cb`` passes
+    :data:`ELEMENTWISE_POLICY_PRODUCT`: there XLA CPU's convolution is off its few-channel
+    slow path (the 3->64 inputs above), so a strided forward gains nothing by space-to-depth
+    for its compile (DCGAN's 64->3 k4 s2 ConvT: the plain call as fast or faster on both
+    Xeon records, 6x less compile; YOLOv5s's 3->32 and wav2vec 2.0's 1-D 1->512 stay)."""
+    return (plan.ndim == 2 and plan.channels_last and plan.groups == 1
+            and plan.a_channels <= ELEMENTWISE_POLICY_CHANNELS
+            and plan.a_channels * plan.b_channels > ELEMENTWISE_POLICY_PRODUCT)
+
+
 def few_channels(plan: ConvPlan, contracted: int, most: int) -> bool:
     """Whether ``plan`` is ungrouped, or split per group (``grouped``), with at most ``most``
     of its ``contracted`` channels and at most :data:`ELEMENTWISE_POLICY_PRODUCT` as
@@ -67,6 +79,9 @@ NARROW_WIDE_CHANNELS = 64
 
 #: ... for plans of at least this many multiply-adds (smaller ones were not measured)
 NARROW_MIN_MACS = 10_000_000
+#: ... or this many contracted channels for a backward_data without a stride, which has no
+#: phase decomposition to prefer (MNIST's 1->32: multiply first 2.75x faster than plain)
+NARROW_UNSTRIDED_WIDE_CHANNELS = 32
 
 
 #: a strided backward_data left after the other rules takes the lhs-dilated convolution
@@ -76,12 +91,13 @@ NARROW_MIN_MACS = 10_000_000
 LHS_DILATED_MIN_CHANNELS = 64
 
 
-def narrow(plan: ConvPlan) -> bool:
-    """An ungrouped plan of some size whose ``a`` side has few channels against a wide ``b``
-    side: a backward_data there multiplies first (one wide product) and overlap-adds its
-    narrow result, where the phase convolutions would each have a narrow output."""
+def narrow(plan: ConvPlan, wide: int = NARROW_WIDE_CHANNELS) -> bool:
+    """An ungrouped plan of some size whose ``a`` side has few channels against a ``b`` side
+    of at least ``wide``: a backward_data there multiplies first (one wide product) and
+    overlap-adds its narrow result, where the phase convolutions, or the one convolution
+    without a stride, would each have a narrow output."""
     return (plan.groups == 1 and plan.a_channels <= NARROW_OUT_CHANNELS
-            and plan.b_channels >= NARROW_WIDE_CHANNELS and plan.macs >= NARROW_MIN_MACS)
+            and plan.b_channels >= wide and plan.macs >= NARROW_MIN_MACS)
 
 
 #: im2col gathers fewer than this many copies of ``a`` (``prod(K)/prod(S)``) ...
@@ -188,7 +204,8 @@ def choose_forward(plan: ConvPlan) -> str:
     as fast); strided channels-first plans whose patches make a narrow matrix one product
     over them (:func:`narrow_patches`: wav2vec 2.0's 1->512 k10 s5, 6.6x faster than
     space-to-depth since that product reads channels-first data as it lies); other strided
-    plans with narrow inputs or kernels equal to their strides go space-to-depth
+    plans with narrow inputs (unless the plain call is fast there: :func:`plain_is_fast`) or
+    kernels equal to their strides go space-to-depth
     (``space_to_depth``: a wide stride-1 contraction); ungrouped plans of few channels
     elementwise (:func:`few_channels`); 1x1 kernels without a stride one matrix product
     (XLA CPU's strided 1x1 convolution is as fast, and compiles 2-4x less: ResNet-50's
@@ -214,7 +231,8 @@ def choose_forward(plan: ConvPlan) -> str:
     if strided and not plan.channels_last and narrow_patches(plan):
         return "im2col"
     if _space_to_depth.applies(plan) and (
-            plan.a_channels <= SUBPIXEL_MAX_CHANNELS or plan.kernel == plan.strides):
+            (plan.a_channels <= SUBPIXEL_MAX_CHANNELS and not plain_is_fast(plan))
+            or plan.kernel == plan.strides):
         return "space_to_depth"
     if few_channels(plan, plan.a_channels, ELEMENTWISE_POLICY_CHANNELS):
         return "elementwise"
@@ -231,15 +249,20 @@ def choose_backward_data(plan: ConvPlan) -> str:
 
     Few contracted channels per group go elementwise (``upsampled`` where :func:`upsamples`).
     Without a stride: ``grouped`` for splittable groups, ``taps`` for dilated kernels, ``sliced`` in
-    3-D, one product for 1x1 kernels, else ``direct`` (``phases_folded`` gained within noise on
-    one host and compiles 10x longer).
-    With one: ``subpixel`` (one convolution of ``S*Ca`` outputs) where exact with more than
-    :data:`SUBPIXEL_MIN_PHASES` phases (1-D, 2-D: one piece, where the other decompositions make one
-    per phase or tap, and compile for seconds); ``matmul_overlap_add`` where the output side is
-    narrow (:func:`narrow`) and in 3-D (XLA CPU's 3-D convolutions are slow); other groups
-    ``grouped`` or ``phases_matmul``; ``subpixel`` where exact and 1-D or of few channels;
+    3-D, ``matmul_overlap_add`` where the output side is narrow (:func:`narrow`, from
+    :data:`NARROW_UNSTRIDED_WIDE_CHANNELS`), one product for 1x1 kernels, else ``direct``
+    (``phases_folded`` gained within noise on one host and compiles 10x longer).
+    With one: ``subpixel_matmul`` (one product of ``S*Ca`` outputs over the few taps of each
+    phase) where exact with more than :data:`SUBPIXEL_MIN_PHASES` phases (1-D, 2-D: one piece,
+    where the other decompositions make one per phase or tap, and compile for seconds);
+    ``matmul_overlap_add`` where the output side is narrow (:func:`narrow`) and in 3-D (XLA
+    CPU's 3-D convolutions are slow); other groups ``grouped`` or ``phases_matmul``;
+    ``subpixel`` where exact and 1-D or of few channels;
     ``matmul_overlap_add`` where each phase has at most one tap (the overlap-add is then a reshape);
     else ``phases_matmul`` in 16 bits (XLA CPU's products beat its convolutions there),
+    ``taps`` in 1-D channels-first over wide channels, undilated (one product per tap, nothing
+    gathered: wav2vec 2.0's and Whisper's k3 s2, 1.04-1.22x faster than
+    ``matmul_overlap_add``),
     ``direct`` for channels-last data wide on both sides (:data:`LHS_DILATED_MIN_CHANNELS`),
     else ``matmul_overlap_add`` (on the corpus records as fast as the per-phase convolutions
     these replaced, or faster, and cheaper to compile: docs/design_notes.md).
@@ -251,7 +274,7 @@ def choose_backward_data(plan: ConvPlan) -> str:
         return _backward_data_unstrided(plan)
     exact = plan.groups == 1 and subpixel_is_exact(plan)
     if exact and plan.ndim <= 2 and math.prod(plan.strides) > SUBPIXEL_MIN_PHASES:
-        return "subpixel"
+        return "subpixel_matmul"
     if narrow(plan) or (plan.groups == 1 and plan.ndim >= 3):
         return "matmul_overlap_add"
     if plan.groups > 1:
@@ -263,6 +286,9 @@ def choose_backward_data(plan: ConvPlan) -> str:
         return "matmul_overlap_add"
     if plan.dtype in ("float16", "bfloat16"):
         return "phases_matmul"
+    if (plan.ndim == 1 and not plan.channels_last and not dilated(plan)
+            and _taps.measured(plan, plan.b_channels)):
+        return "taps"
     if (plan.channels_last and min(plan.a_channels, plan.b_channels) >= LHS_DILATED_MIN_CHANNELS
             and direct_applies(plan)):
         return PLAIN
@@ -279,6 +305,8 @@ def _backward_data_unstrided(plan: ConvPlan) -> str:
         return "taps" if _taps.measured(plan, plan.b_channels) else "direct"
     if _sliced.slices(plan):
         return "sliced"
+    if narrow(plan, NARROW_UNSTRIDED_WIDE_CHANNELS):
+        return "matmul_overlap_add"
     return "phases_matmul" if one_tap(plan) else "direct"
 
 
@@ -289,12 +317,16 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     (``grouped``, in blocks of groups past its bound) or go elementwise (``depthwise``: one channel
     per group on one side and at most :data:`ELEMENTWISE_POLICY_CHANNELS` on the other, or where
     ``grouped`` does not apply); groups of 2-4 channels on both sides (ResNeXt's) stay ``grouped``,
-    several times faster than ``depthwise``. Ungrouped: dilated kernels ``taps``; plans whose
-    patches copy ``a`` little (:func:`gathers_little`) one matrix product over them
-    (``im2col``); 3-D ones ``sliced`` without a stride, else ``phases`` (XLA's 3-D weight
-    gradient with a dilated kernel is slow); 2-D plans ``folded`` without a stride (from
-    :data:`FOLDED_MIN_CHANNELS` channels on both sides) or with windows apart, strided ones of few
-    input channels ``bands`` (the folded operand is narrow there); else ``direct``.
+    several times faster than ``depthwise``. Ungrouped: dilated kernels ``taps``; 1-D and 2-D
+    plans of one input channel ``folded`` (the lone channel widened to the first axis's taps:
+    MNIST's 1->32 and wav2vec 2.0's 1->512, 1.8-1.9x faster than ``im2col``), and 2-D
+    channels-last ones whose patches make a narrow matrix (:func:`narrow_patches`: DCGAN's 64->3
+    k4 s2, 1.4-1.7x faster than ``im2col`` on two of three measurements, and a third of its
+    compile); plans whose patches copy ``a`` little (:func:`gathers_little`) one matrix product
+    over them (``im2col``); 3-D ones ``sliced`` without a stride, else ``phases`` (XLA's 3-D
+    weight gradient with a dilated kernel is slow); 2-D plans ``folded`` without a stride (from
+    :data:`FOLDED_MIN_CHANNELS` channels on both sides) or with windows apart, strided ones of
+    few input channels ``bands`` (the folded operand is narrow there); else ``direct``.
     """
     if plan.groups > 1:
         fewer, more = sorted(c // plan.groups for c in (plan.a_channels, plan.b_channels))
@@ -306,6 +338,10 @@ def choose_backward_weights(plan: ConvPlan) -> str:
     if dilated(plan):
         contracted = min(plan.a_channels, plan.b_channels)
         return "taps" if _taps.measured(plan, contracted) else "direct"
+    if plan.a_channels == 1 and plan.ndim <= 2:
+        return "folded"                                 # the lone channel widened to K0
+    if plan.ndim == 2 and plan.channels_last and narrow_patches(plan):
+        return "folded"                 # im2col's gain is reading channels-first data as is
     if gathers_little(plan):
         return "im2col"
     strided = any(s > 1 for s in plan.strides)
