@@ -366,6 +366,41 @@ def test_a_plain_nxc_convolution_compiles_to_the_convolution_alone():
                     x, w) == ["convolution"]
 
 
+@pytest.mark.parametrize(("shapes", "weights_format"), [
+    (((2, 6, 5, 3), (3, 3, 3, 1)), "XOI"),           # depthwise: [K.., O, 1]
+    (((2, 2, 3, 2, 3), (2, 2, 2, 6, 1)), "XOI"),     # 3-D, three groups of one to two
+])
+def test_weights_off_xlas_order_by_unit_axes_compile_without_a_layout_change(
+        shapes, weights_format):
+    """Weights whose axes stand out of XLA's kernel order (spatial, in, out) only by axes of
+    size one are reshaped into it, which moves no data: the compiled program of the plain
+    lowering holds what the lax call given that order holds (no copy of the kernel), with
+    the same values."""
+    src, weights = shapes
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal(src), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(weights), jnp.float32)
+    nd = len(src) - 2
+    attrs = dict(groups=3, pads_begin=1, pads_end=0, weights_format=weights_format)
+    plan = polyconv.infer_shape("convolution", x.shape, w.shape, **attrs)
+    spatial = "DHW"[3 - nd:]
+
+    def lax_call(x, w):
+        w = jnp.reshape(w, (*w.shape[:nd], plan.a_channels // 3, plan.b_channels))
+        return jax.lax.conv_general_dilated(
+            x, w, (1,) * nd, [(1, 0)] * nd, feature_group_count=3, precision=_HI,
+            dimension_numbers=(f"N{spatial}C", f"{spatial}IO", f"N{spatial}C"))
+
+    def ours(x, w):
+        return polyconv.convolution(x, w, **attrs)
+
+    with polyconv.implementation("jax:direct"):
+        got = _opcodes(ours, x, w)
+        np.testing.assert_allclose(jax.jit(ours)(x, w), jax.jit(lax_call)(x, w), rtol=1e-5,
+                                   atol=1e-5)
+    assert got == _opcodes(lax_call, x, w)
+
+
 @pytest.mark.parametrize(("attr", "value"), [("strides", jnp.array([2, 1])),
                                              ("pads_begin", jnp.array(1)),
                                              ("groups", jnp.array(1)),

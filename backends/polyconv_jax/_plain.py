@@ -27,7 +27,7 @@ def _conv(plan: ConvPlan, precision, a, w):
     return _conv_general(
         a, w, window_strides=plan.strides, padding=padding, rhs_dilation=plan.dilations,
         dimension_numbers=_dnums(data, perm, data), feature_group_count=plan.groups,
-        precision=precision, preferred_element_type=plan.acc_dtype)
+        precision=precision, preferred_element_type=plan.acc_dtype, weights=True)
 
 
 def _direct(plan: ConvPlan, precision, b, w):
@@ -47,7 +47,7 @@ def _direct(plan: ConvPlan, precision, b, w):
         rhs_dilation=plan.dilations,
         dimension_numbers=_dnums(data, (perm[1], perm[0], *perm[2:]), data),
         feature_group_count=plan.groups, precision=precision,
-        preferred_element_type=plan.acc_dtype)
+        preferred_element_type=plan.acc_dtype, weights=True)
 
 
 def direct_aborts_xla_cpu(plan: ConvPlan) -> bool:
