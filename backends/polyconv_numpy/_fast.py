@@ -77,7 +77,7 @@ def _blocks(lo: int, hi: int, row_bytes: int, block_bytes: int = _BLOCK_BYTES,
     at 128x128 19 -> 16; the rest within noise."""
     if of:
         block_bytes = _budget(of, row_bytes, block_bytes) * (hi - lo) // of
-    step = max(256, block_bytes // max(row_bytes, 1))
+    step = _step(row_bytes, block_bytes)
     for j0 in range(lo, hi, step):
         yield j0, min(hi, j0 + step)
 
@@ -87,9 +87,14 @@ def _budget(of: int, row_bytes: int, block_bytes: int) -> int:
     return max(block_bytes, min(_LARGE_BLOCK_BYTES, of * row_bytes // 32))
 
 
+def _step(row_bytes: int, block_bytes: int) -> int:
+    """The rows of one block of ``block_bytes``: 256 at least."""
+    return max(256, block_bytes // max(row_bytes, 1))
+
+
 def _block_count(rows: int, row_bytes: int, block_bytes: int) -> int:
     """How many blocks :func:`_blocks` cuts ``rows`` rows into."""
-    return -(-rows // max(256, _budget(rows, row_bytes, block_bytes) // max(row_bytes, 1)))
+    return -(-rows // _step(row_bytes, _budget(rows, row_bytes, block_bytes)))
 
 
 class _Channels:
